@@ -71,9 +71,7 @@ def _stack(tensors: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
     first = tensors[0]
     if any(t.shape != first.shape or t.dtype != first.dtype or t.device != first.device for t in tensors):
         return list(tensors)
-    if first.device.type != "cpu":
-        return torch.stack(tensors)
-    out = new_batch_buffer((len(tensors), *first.shape), first.dtype)
+    out = new_batch_buffer((len(tensors), *first.shape), first.dtype, first.device)
     return torch.stack(tensors, out=out)
 
 

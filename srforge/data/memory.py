@@ -14,14 +14,14 @@ import torch
 from torch.utils.data import get_worker_info
 
 
-def new_batch_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor of ``shape`` and ``dtype``, in shared memory inside a worker.
+def new_batch_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """An uninitialised tensor of ``shape`` and ``dtype``; on the CPU inside a worker, in shared memory.
 
     One allocation, no fill: the caller writes every element exactly once (a fill here would
     double the bytes written, and the page faults of a fresh buffer already dominate the cost).
     """
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=dtype)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if get_worker_info() is None or torch.device(device).type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
     storage = torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=dtype).set_(storage).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
