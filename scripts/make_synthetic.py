@@ -1,0 +1,8 @@
+"""Thin wrapper over srforge.cli.main_make_synthetic; runs from a checkout without installing."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from srforge.cli import main_make_synthetic  # noqa: E402
+
+raise SystemExit(main_make_synthetic())
