@@ -1,0 +1,144 @@
+"""What does padding-aware GroupNorm cost, and how close does the UNet get to the machine's matmul peak?
+
+Times forward+backward of one UNet on one padded batch of well-log-shaped scans, with plain GroupNorm
+(``sizes=None``) and in padding-aware mode (``sizes`` given), interleaved so that load from other processes hits
+both alike; the ratio reported is the median of the per-pair ratios (goal <= 1.3x). FLOPs come from
+torch.utils.flop_counter.FlopCounterMode on the plain mode (the convolutions; the masked norm's few bmm FLOPs are
+bookkeeping, not model work), and achieved FLOP/s is set against a measured fp32 matmul peak.
+
+    python benchmarks/bench_model.py                      # ~1-2 min on 2 CPU cores
+    python benchmarks/bench_model.py --base-channels 32 --repeats 5 --out /tmp/bench.json
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from srforge.models import UNet, group_count, masked_group_norm, valid_mask
+
+
+def spread(low: int, high: int, count: int) -> list[int]:
+    """count integers evenly from low to high inclusive."""
+    return [round(low + (high - low) * i / max(count - 1, 1)) for i in range(count)]
+
+
+def padded_batch(sizes: list[tuple[int, int]], channels: int, divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random uint8 scans of the given (H, W), zero-padded top-left -> ([B, C, Hp, Wp], sizes [B, 2])."""
+    hp = -(-max(h for h, _ in sizes) // divisor) * divisor
+    wp = -(-max(w for _, w in sizes) // divisor) * divisor
+    image = torch.zeros(len(sizes), channels, hp, wp, dtype=torch.uint8)
+    for slot, (h, w) in zip(image, sizes):
+        slot[:, :h, :w] = torch.randint(0, 256, (channels, h, w), dtype=torch.uint8)
+    return image, torch.tensor(sizes)
+
+
+def seconds(step, repeats: int) -> list[float]:
+    """Wall time of each of ``repeats`` calls of step() after one warm-up call."""
+    step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def matmul_peak(n: int, repeats: int) -> float:
+    """Best fp32 FLOP/s of an n x n matmul on this machine."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / min(seconds(lambda: a @ b, repeats))
+
+
+def train_step(model: UNet, image: torch.Tensor, sizes: torch.Tensor | None) -> None:
+    """One forward+backward (gradients dropped, as an optimizer's zero_grad would)."""
+    model.zero_grad(set_to_none=True)
+    model(image, sizes).logsumexp(1).mean().backward()
+
+
+def model_flops(model: UNet, image: torch.Tensor) -> tuple[int, int]:
+    """(forward, forward+backward) FLOPs of the plain mode on this batch."""
+    with FlopCounterMode(display=False) as forward:
+        logits = model(image)
+    with FlopCounterMode(display=False) as backward:
+        logits.logsumexp(1).mean().backward()
+    model.zero_grad(set_to_none=True)
+    return forward.get_total_flops(), forward.get_total_flops() + backward.get_total_flops()
+
+
+def norm_ratio(channels: int, image: torch.Tensor, sizes: torch.Tensor, repeats: int) -> float:
+    """Forward+backward time of masked_group_norm over F.group_norm alone, on [B, channels, Hp, Wp]."""
+    x = torch.randn(image.shape[0], channels, *image.shape[2:], requires_grad=True)
+    mask, dy = valid_mask(sizes, *image.shape[2:]), torch.randn_like(x)
+    groups = group_count(channels)
+    plain = seconds(lambda: F.group_norm(x, groups).backward(dy), repeats)
+    masked = seconds(lambda: masked_group_norm(x, mask, groups).backward(dy), repeats)
+    return min(masked) / min(plain)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=4, help="scans per batch")
+    parser.add_argument("--heights", type=int, nargs=2, default=(60, 80), help="scan heights, low high")
+    parser.add_argument("--widths", type=int, nargs=2, default=(400, 1600), help="scan widths, low high")
+    parser.add_argument("--base-channels", type=int, default=16)
+    parser.add_argument("--depth", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=4, help="timed steps per mode (after one warm-up)")
+    parser.add_argument("--matmul-size", type=int, default=1024)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_model.json"))
+    args = parser.parse_args()
+
+    torch.manual_seed(args.seed)
+    model = UNet(base_channels=args.base_channels, depth=args.depth)
+    sizes = list(zip(spread(*args.heights, args.batch), spread(*args.widths, args.batch)))
+    image, true_sizes = padded_batch(sizes, model.in_channels, model.size_divisor)
+    pixels = image.shape[0] * image.shape[2] * image.shape[3]
+
+    peak = matmul_peak(args.matmul_size, 5)
+    forward_flops, step_flops = model_flops(model, image)
+    train_step(model, image, None)  # warm-up both modes before the interleaved timing
+    train_step(model, image, true_sizes)
+    plain, aware = [], []
+    for _ in range(args.repeats):
+        plain += seconds(lambda: train_step(model, image, None), 1)[-1:]
+        aware += seconds(lambda: train_step(model, image, true_sizes), 1)[-1:]
+    ratio = statistics.median(a / p for a, p in zip(aware, plain))
+    t_plain, t_aware = statistics.median(plain), statistics.median(aware)
+    norm_only = norm_ratio(args.base_channels, image, true_sizes, args.repeats)
+
+    results = {
+        "batch_shape": list(image.shape), "scan_sizes": sizes, "base_channels": args.base_channels,
+        "depth": args.depth, "parameters": sum(p.numel() for p in model.parameters()),
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.processor(),
+        "step_seconds": {"plain": t_plain, "padding_aware": t_aware}, "step_seconds_all": {"plain": plain,
+                                                                                          "padding_aware": aware},
+        "aware_over_plain": ratio, "norm_layer_aware_over_plain": norm_only,
+        "flops_per_pixel_forward": forward_flops / pixels, "flops_per_pixel_step": step_flops / pixels,
+        "matmul_peak_flops": peak,
+        "achieved_flops": {"plain": step_flops / t_plain, "padding_aware": step_flops / t_aware},
+        "fraction_of_peak": {"plain": step_flops / t_plain / peak, "padding_aware": step_flops / t_aware / peak},
+    }
+    print(f"batch {list(image.shape)} from scans {sizes}; UNet base {args.base_channels} depth {args.depth}, "
+          f"{results['parameters'] / 1e6:.2f} M parameters, {results['threads']} threads")
+    print(f"FLOPs per padded pixel: forward {forward_flops / pixels / 1e3:.1f} k, forward+backward "
+          f"{step_flops / pixels / 1e3:.1f} k; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (n={args.matmul_size})")
+    print(f"{'':28}{'plain GroupNorm':>17}{'padding-aware':>15}{'aware/plain':>13}")
+    print(f"{'fwd+bwd seconds (median)':28}{t_plain:17.3f}{t_aware:15.3f}{ratio:12.2f}x   (goal <= 1.3x)")
+    print(f"{'achieved GFLOP/s':28}{step_flops / t_plain / 1e9:17.1f}{step_flops / t_aware / 1e9:15.1f}")
+    print(f"{'fraction of matmul peak':28}{results['fraction_of_peak']['plain']:17.3f}"
+          f"{results['fraction_of_peak']['padding_aware']:15.3f}")
+    print(f"{'norm layer alone':28}{'':32}{norm_only:12.2f}x   ([B, {args.base_channels}, Hp, Wp], fwd+bwd)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
