@@ -1,0 +1,78 @@
+"""Checkpoints: one file that holds everything to resume training or to predict.
+
+A checkpoint is a plain dict that ``torch.load(..., weights_only=True)`` can read (tensors, numbers,
+strings, lists, dicts: no pickled classes)::
+
+    format        "srforge-checkpoint"       version   1
+    model         the UNet state_dict (weights and the mean/std normalisation buffers)
+    model_args    keyword arguments that rebuild the UNet (in_channels, num_classes, base_channels, ...)
+    size_divisor  the model's size divisor     class_names  one name per class     ignore_index  int
+    config        the resolved training config
+    epoch, step   completed epochs and optimizer steps
+    optimizer, scheduler, scaler, sampler, rng, best_metric      (training state, for --resume)
+
+It is written atomically: to a temporary file in the same folder, flushed and fsync'ed, then renamed over
+the old one, so a kill at any moment leaves either the previous checkpoint or the new one, never half.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "srforge-checkpoint"
+VERSION = 1
+
+
+def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``payload`` (with the format tag added) to ``path`` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"format": FORMAT, "version": VERSION, **payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """Read an srforge checkpoint with ``weights_only=True``; a clear ValueError for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # corrupt file, not a torch file, or pickled objects weights_only refuses
+        raise ValueError(f"{path} is not an srforge checkpoint: torch.load(weights_only=True) failed ({exc})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        found = f"a dict with keys {sorted(ckpt)[:8]}" if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ValueError(f"{path} is not an srforge checkpoint: expected format '{FORMAT}', found {found}.")
+    if ckpt.get("version", 0) > VERSION:
+        raise ValueError(f"{path} was written by a newer srforge (checkpoint version {ckpt['version']} > {VERSION}).")
+    for key in ("model", "model_args", "size_divisor", "class_names"):
+        if key not in ckpt:
+            raise ValueError(f"{path} is an incomplete srforge checkpoint: the field '{key}' is missing.")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt: dict[str, Any]) -> torch.nn.Module:
+    """The UNet a checkpoint describes, with its weights and normalisation buffers loaded, in eval mode."""
+    from srforge.models import UNet
+
+    model = UNet(**ckpt["model_args"])
+    model.load_state_dict(ckpt["model"])
+    if model.size_divisor != ckpt["size_divisor"]:
+        raise ValueError(
+            f"Checkpoint size_divisor {ckpt['size_divisor']} does not match its model's {model.size_divisor}."
+        )
+    return model.eval()

@@ -1,0 +1,30 @@
+"""Losses on padded batches: padded pixels carry the ignore index, so they never count."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def dice_loss(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = 255, eps: float = 1.0) -> torch.Tensor:
+    """1 - mean soft Dice over classes, on pixels whose target is not ``ignore_index``.
+
+    logits [B, K, H, W] (any float dtype; computed in float32), target [B, H, W] int64 -> scalar.
+    """
+    valid = target != ignore_index  # [B, H, W]
+    probs = logits.float().softmax(dim=1) * valid.unsqueeze(1)
+    one_hot = F.one_hot(target.where(valid, 0), logits.shape[1]).permute(0, 3, 1, 2) * valid.unsqueeze(1)
+    dims = (0, 2, 3)
+    inter = (probs * one_hot).sum(dims)
+    total = probs.sum(dims) + one_hot.sum(dims)
+    return 1 - ((2 * inter + eps) / (total + eps)).mean()
+
+
+def segmentation_loss(
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int = 255, dice_weight: float = 0.0
+) -> torch.Tensor:
+    """Cross-entropy over valid pixels (+ ``dice_weight`` * Dice loss). logits [B, K, H, W], target [B, H, W]."""
+    loss = F.cross_entropy(logits.float(), target, ignore_index=ignore_index)
+    if dice_weight:
+        loss = loss + dice_weight * dice_loss(logits, target, ignore_index)
+    return loss
