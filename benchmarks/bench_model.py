@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from srforge.models import UNet, group_count, masked_group_norm, valid_mask
+from srforge import AlignedCollate
+from srforge.models import UNet, group_count, level_mask, masked_group_norm
 
 
 def spread(low: int, high: int, count: int) -> list[int]:
@@ -30,13 +31,10 @@ def spread(low: int, high: int, count: int) -> list[int]:
 
 
 def padded_batch(sizes: list[tuple[int, int]], channels: int, divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random uint8 scans of the given (H, W), zero-padded top-left -> ([B, C, Hp, Wp], sizes [B, 2])."""
-    hp = -(-max(h for h, _ in sizes) // divisor) * divisor
-    wp = -(-max(w for _, w in sizes) // divisor) * divisor
-    image = torch.zeros(len(sizes), channels, hp, wp, dtype=torch.uint8)
-    for slot, (h, w) in zip(image, sizes):
-        slot[:, :h, :w] = torch.randint(0, 256, (channels, h, w), dtype=torch.uint8)
-    return image, torch.tensor(sizes)
+    """Random uint8 scans of the given (H, W) through AlignedCollate -> ([B, C, Hp, Wp], sizes [B, 2])."""
+    scans = [{"image": torch.randint(0, 256, (channels, h, w), dtype=torch.uint8)} for h, w in sizes]
+    batch = AlignedCollate(divisor, pad={"image": 0})(scans)
+    return batch["image"], batch["sizes"]
 
 
 def seconds(step, repeats: int) -> list[float]:
@@ -75,7 +73,7 @@ def model_flops(model: UNet, image: torch.Tensor) -> tuple[int, int]:
 def norm_ratio(channels: int, image: torch.Tensor, sizes: torch.Tensor, repeats: int) -> float:
     """Forward+backward time of masked_group_norm over F.group_norm alone, on [B, channels, Hp, Wp]."""
     x = torch.randn(image.shape[0], channels, *image.shape[2:], requires_grad=True)
-    mask, dy = valid_mask(sizes, *image.shape[2:]), torch.randn_like(x)
+    mask, dy = level_mask(sizes, *image.shape[2:]), torch.randn_like(x)
     groups = group_count(channels)
     plain = seconds(lambda: F.group_norm(x, groups).backward(dy), repeats)
     masked = seconds(lambda: masked_group_norm(x, mask, groups).backward(dy), repeats)
@@ -89,7 +87,7 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs=2, default=(400, 1600), help="scan widths, low high")
     parser.add_argument("--base-channels", type=int, default=16)
     parser.add_argument("--depth", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=4, help="timed steps per mode (after one warm-up)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per mode (after one warm-up)")
     parser.add_argument("--matmul-size", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_model.json"))

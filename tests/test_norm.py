@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from srforge.models import GroupNorm2d, group_count, masked_group_norm, valid_mask
+from srforge.models import GroupNorm2d, group_count, level_mask, masked_group_norm
 
 
 @pytest.mark.parametrize("channels, groups", [(1, 1), (3, 1), (8, 2), (24, 6), (40, 10), (64, 16), (512, 32)])
@@ -19,8 +19,8 @@ def test_group_count_divides_every_channel_count():
         assert groups == 1 or channels // groups >= 4
 
 
-def test_valid_mask_uses_ceil_per_stride():
-    mask = valid_mask(torch.tensor([[5, 7], [8, 8]]), 4, 4, stride=2)
+def test_level_mask_uses_ceil_per_stride():
+    mask = level_mask(torch.tensor([[5, 7], [8, 8]]), 4, 4, stride=2)
     assert mask.shape == (2, 1, 4, 4)
     assert mask[0, 0].sum() == 3 * 4  # ceil(5/2)=3 rows, ceil(7/2)=4 columns
     assert mask[0, 0, 3].sum() == 0 and mask[1].sum() == 16
@@ -31,7 +31,7 @@ def _batch(dtype=torch.float64, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(3, 8, 6, 10, generator=g, dtype=dtype) * 2 + 1) * 10 ** torch.rand(1, 8, 1, 1, generator=g)
     sizes = torch.tensor([[6, 10], [3, 7], [1, 2]])
-    return x, sizes, valid_mask(sizes, 6, 10).to(dtype), torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype)
+    return x, sizes, level_mask(sizes, 6, 10).to(dtype), torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype)
 
 
 def test_masked_group_norm_equals_group_norm_on_each_crop():

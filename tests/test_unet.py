@@ -6,17 +6,14 @@ import pytest
 import torch
 from torch import nn
 
+from srforge import AlignedCollate
 from srforge.models import UNet
 
 
 def pad_batch(images: list[torch.Tensor], divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[C, H_i, W_i] images -> ([B, C, Hp, Wp] zero-padded top-left, sizes [B, 2]), Hp a multiple of divisor."""
-    hp = -(-max(i.shape[1] for i in images) // divisor) * divisor
-    wp = -(-max(i.shape[2] for i in images) // divisor) * divisor
-    batch = torch.zeros(len(images), images[0].shape[0], hp, wp, dtype=images[0].dtype)
-    for slot, image in zip(batch, images):
-        slot[:, : image.shape[1], : image.shape[2]] = image
-    return batch, torch.tensor([i.shape[1:] for i in images])
+    """[C, H_i, W_i] images -> ([B, C, Hp, Wp] zero-padded top-left, sizes [B, 2]) through AlignedCollate."""
+    batch = AlignedCollate(divisor, pad={"image": 0})([{"image": image} for image in images])
+    return batch["image"], batch["sizes"]
 
 
 def scan(h: int, w: int, channels: int = 3, seed: int = 0) -> torch.Tensor:

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from srforge.data.collate import valid_mask
+
 
 def group_count(channels: int, max_groups: int = 32, min_group_size: int = 4) -> int:
     """Number of GroupNorm groups for ``channels``: the largest divisor of ``channels`` that is at most
@@ -25,18 +27,15 @@ def group_count(channels: int, max_groups: int = 32, min_group_size: int = 4) ->
     return max((g for g in range(1, limit + 1) if channels % g == 0), default=1)
 
 
-def valid_mask(sizes: torch.Tensor, height: int, width: int, stride: int = 1) -> torch.Tensor:
-    """Valid-pixel mask of a padded batch at one resolution.
+def level_mask(sizes: torch.Tensor, height: int, width: int, stride: int = 1) -> torch.Tensor:
+    """Valid-pixel mask of a padded batch at resolution 1 / stride.
 
     sizes: [B, 2] int64 true (H, W) at full resolution, each scan in the top-left corner of its slot.
     height, width: the padded size at this resolution (full size // stride).
     Returns [B, 1, height, width] float32: 1 where the position covers a true pixel, 0 on padding. At stride s a
     scan of true size H covers ceil(H / s) rows, because a row that mixes true and padded pixels is still valid.
     """
-    valid = (sizes.to(torch.int64) + stride - 1) // stride  # [B, 2] ceil(size / stride)
-    rows = torch.arange(height, device=sizes.device) < valid[:, :1]  # [B, height]
-    cols = torch.arange(width, device=sizes.device) < valid[:, 1:]  # [B, width]
-    return (rows[:, None, :, None] & cols[:, None, None, :]).float()
+    return valid_mask((sizes.to(torch.int64) + stride - 1) // stride, height, width).float()
 
 
 def _group_stats(s1: torch.Tensor, s2: torch.Tensor, count: torch.Tensor, num_groups: int, eps: float):
