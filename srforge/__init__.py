@@ -1,24 +1,8 @@
 """srforge: train one segmentation model on images of every size, without resizing a pixel."""
 
-from .data import (
-    AlignedCollate,
-    DataLoaderFactory,
-    DataTransform,
-    Entry,
-    GeneralCollation,
-    crop_to_sizes,
-    pad_to_multiple,
-    valid_mask,
-)
+from .data import *  # noqa: F403  -- the data layer's public names (Entry, AlignedCollate, ...), listed in data.__all__
+from .data import __all__ as _data_names
+from .models import UNet
 
-__all__ = [
-    "Entry",
-    "AlignedCollate",
-    "crop_to_sizes",
-    "pad_to_multiple",
-    "valid_mask",
-    "DataTransform",
-    "DataLoaderFactory",
-    "GeneralCollation",
-]
+__all__ = [*_data_names, "UNet"]
 __version__ = "0.1.0"
