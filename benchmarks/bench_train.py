@@ -8,8 +8,8 @@ On synthetic well-log scans at 1/8 scale (heights 60-80, widths 400-1,600), one 
 - the trainer itself (``srforge.engine.trainer.train``, batch 1) against the bare model's forward+backward
   at batch 1 on the same scans with no loader: the framework's own cost (goal >= 0.85x).
 
-Every strategy runs the same optimizer (AdamW) and loss on the same scans, one epoch each, after a
-warm-up batch.
+Every strategy runs the same optimizer (AdamW) and loss on the same scans, one epoch each, after one
+warm-up step.
 
     python benchmarks/bench_train.py [--scans 32] [--base-channels 16] [--out benchmarks/results/bench_train.json]
 """
@@ -39,10 +39,17 @@ from srforge.engine.trainer import train  # noqa: E402
 from srforge.models import UNet  # noqa: E402
 
 
+def step(model, optimizer, batch) -> None:
+    loss = segmentation_loss(model(batch.image, batch.sizes), batch.mask)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
 def epoch(model, loader, data_wait: list | None = None) -> float:
-    """Real pixels per second of one epoch of AdamW steps over ``loader`` (after one warm-up batch)."""
+    """Real pixels per second of one epoch of AdamW steps over ``loader``."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    pixels, seconds, first = 0, 0.0, True
+    pixels, seconds = 0, 0.0
     it = iter(loader)
     while True:
         t0 = time.perf_counter()
@@ -51,14 +58,8 @@ def epoch(model, loader, data_wait: list | None = None) -> float:
         except StopIteration:
             break
         t1 = time.perf_counter()
-        loss = segmentation_loss(model(batch.image, batch.sizes), batch.mask)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        step(model, optimizer, batch)
         t2 = time.perf_counter()
-        if first:  # warm-up: allocator, first-touch of weights
-            first = False
-            continue
         pixels += int(batch.sizes.prod(1).sum())
         seconds += t2 - t0
         if data_wait is not None:
@@ -72,15 +73,11 @@ def bare_batch1(model, dataset) -> float:
     batches = [collate([dataset[i]]) for i in range(len(dataset))]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     pixels, seconds = 0, 0.0
-    for k, batch in enumerate(batches):
+    for batch in batches:
         t0 = time.perf_counter()
-        loss = segmentation_loss(model(batch.image, batch.sizes), batch.mask)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if k:
-            pixels += int(batch.sizes.prod(1).sum())
-            seconds += time.perf_counter() - t0
+        step(model, optimizer, batch)
+        pixels += int(batch.sizes.prod(1).sum())
+        seconds += time.perf_counter() - t0
     return pixels / seconds
 
 
@@ -115,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             "batch 16, size-grouped": list(SizeGroupedBatchSampler(sizes, batch_size=16, seed=0)),
             f"pixel budget {args.max_pixels:,}": list(SizeGroupedBatchSampler(sizes, max_pixels=args.max_pixels, seed=0)),
         }
+        # Warm-up (allocator, first touch of the weights) on the largest batch any strategy will see.
+        warm = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        step(model, warm, collate([dataset[i] for i in strategies["batch 16, random order"][0]]))
         rows = []
         for name, batches in strategies.items():
             padded = sum(len(b) * max(-(-sizes[i][0] // 32) * 32 for i in b) * max(-(-sizes[i][1] // 32) * 32 for i in b) for b in batches)
