@@ -80,6 +80,75 @@ def main_train(argv=None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    if summary.get("val_mean_iou") is not None:
-        print(f"srforge: done. best validation mean IoU {summary['best_mean_iou']:.4f}; run directory {summary['run_dir']}")
+    if summary.get("val_iou") is not None:
+        names = cfg["model"]["class_names"] or [f"class_{c}" for c in range(cfg["model"]["num_classes"])]
+        per_class = ", ".join(f"{n} {v:.4f}" for n, v in zip(names, summary["val_iou"]))
+        print(f"srforge: done. validation IoU {per_class} (mean {summary['val_mean_iou']:.4f}); "
+              f"best validation mean IoU {summary['best_mean_iou']:.4f}; run directory {summary['run_dir']}")
     return 0
+
+
+_PREDICT_EPILOG = """\
+outputs under --output DIR (<rel> = the scan's relative path without its suffix):
+  masks/<rel>.png           class ids, uint8 grayscale PNG, exactly the scan's size
+  overlays/<rel>.png        with --overlay: the scan with its classes drawn over it
+  probabilities/<rel>.npy   with --probabilities: float16 [K, H, W] softmax probabilities (numpy.load)
+  report.json, report.csv   per scan: name, size, status (ok / skipped / failed / rejected), error,
+                            class pixel fractions, milliseconds; report.json also holds the summary
+A rerun skips scans whose outputs are complete (decode, right size) unless --overwrite. Members with
+absolute paths, '..', links or devices are rejected, never read; nothing is written outside DIR.
+
+exit status: 0 every scan ok or skipped; 1 some scan failed or was rejected (or --strict stopped);
+             2 bad arguments, missing input, or a file that is not an srforge checkpoint."""
+
+
+def main_predict(argv=None) -> int:
+    """Predict class masks for every scan of a folder, .zip or .tar(.gz) with a trained srforge checkpoint."""
+    import tarfile
+    import zipfile
+
+    from srforge.data.archive import ScanArchive
+    from srforge.engine.predictor import DEFAULT_MAX_PIXELS, Predictor, predict_archive
+
+    parser = argparse.ArgumentParser(prog="srforge-predict", description=main_predict.__doc__, epilog=_PREDICT_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="checkpoint written by srforge-train (last.pt, best.pt)")
+    parser.add_argument("--input", required=True, help="folder (searched recursively), .zip, .tar or .tar.gz of scans")
+    parser.add_argument("--output", required=True, help="folder for masks/, overlays/, probabilities/, report.*")
+    parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ... (default auto)")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype (default fp32)")
+    parser.add_argument("--max-pixels", type=int, default=None,
+                        help=f"padded pixels per batch; larger scans are tiled (default {DEFAULT_MAX_PIXELS['cpu']:,} "
+                             f"on CPU, {DEFAULT_MAX_PIXELS['cuda']:,} on CUDA)")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="scans per batch at most, 0 for no cap (default 1 on CPU, where batching is slower; none on CUDA)")
+    parser.add_argument("--tile-overlap", type=int, default=None, help="overlap of tiles in px (default 4 x size divisor)")
+    parser.add_argument("--overlay", action="store_true", help="also write overlays/")
+    parser.add_argument("--probabilities", action="store_true", help="also write probabilities/ (float16 .npy)")
+    parser.add_argument("--overwrite", action="store_true", help="predict again scans whose outputs exist")
+    parser.add_argument("--strict", action="store_true", help="stop at the first failed or rejected scan")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if args.max_pixels is not None and args.max_pixels < 1:
+        parser.error("--max-pixels must be >= 1")
+    output = Path(args.output)
+    try:
+        max_batch = 0 if args.max_batch is None else (args.max_batch or None)  # 0: by device; None: no cap
+        predictor = Predictor.from_checkpoint(args.checkpoint, args.device, args.precision, args.max_pixels,
+                                              args.tile_overlap, max_batch)
+        archive = ScanArchive(args.input, exclude=output)
+    except (FileNotFoundError, ValueError, zipfile.BadZipFile, tarfile.TarError, RuntimeError) as exc:
+        print(f"srforge-predict: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with archive:
+            summary = predict_archive(predictor, archive, output, overlay=args.overlay,
+                                      probabilities=args.probabilities, overwrite=args.overwrite,
+                                      strict=args.strict, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        return 130
+    print(f"srforge-predict: {summary['scans']} scans: {summary['ok']} ok, {summary['skipped']} skipped, "
+          f"{summary['failed']} failed, {summary['rejected']} rejected"
+          f"{' (stopped at the first failure: --strict)' if summary['stopped_early'] else ''}; "
+          f"{summary['scans_per_second'] or 0:.2f} scans/s; report: {output / 'report.json'}")
+    return 0 if summary["failed"] + summary["rejected"] == 0 else 1
