@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from srforge.data.datasets import SUFFIXES, DataError, _open, read_image
+from srforge.data.datasets import SUFFIXES, DataError, open_image, read_image
 
 ARCHIVE_KINDS = "a folder, a .zip, or a .tar / .tar.gz / .tgz / .tar.bz2 / .tar.xz"
 
@@ -41,37 +41,15 @@ def _unsafe(name: str) -> str | None:
     return None
 
 
-def _relabel(error: DataError, where: str, label: str) -> DataError:
-    """The same DataError, naming ``label`` (archive:member) instead of the stream or temporary path it read."""
-    return DataError(str(error).replace(where, label))
-
-
 def _decode_bytes(data: bytes, label: str, mode: str) -> torch.Tensor:
-    """read_image on bytes held in memory: uint8 [C, H, W].
-
-    read_image takes a path, so the bytes go into an anonymous in-memory file (memfd) and read_image reads
-    it through /proc/self/fd: its conversions (16-bit, palette, CMYK, RGBA) apply unchanged and nothing
-    touches the disk.
-    """
-    fd = os.memfd_create("srforge-scan")
-    try:
-        os.write(fd, data)
-        where = f"/proc/self/fd/{fd}"
-        try:
-            return read_image(where, mode)
-        except DataError as error:
-            raise _relabel(error, where, label) from error.__cause__
-    finally:
-        os.close(fd)
+    """read_image on a member's bytes held in memory: uint8 [C, H, W]; errors name ``label``."""
+    return read_image(io.BytesIO(data), mode, label=label)
 
 
 def _header_size(stream, label: str) -> tuple[int, int]:
     """(H, W) from an image header read off an open binary stream; DataError naming ``label``."""
-    try:
-        with _open(stream) as image:
-            width, height = image.size
-    except DataError as error:
-        raise _relabel(error, repr(stream), label) from error.__cause__
+    with open_image(stream, label) as image:
+        width, height = image.size
     return height, width
 
 
@@ -204,7 +182,7 @@ class ScanArchive:
     def size(self, i: int) -> tuple[int, int]:
         """(H, W) of scan i from its header."""
         if self.kind == "folder":
-            with _open(self._keys[i]) as image:
+            with open_image(self._keys[i]) as image:
                 width, height = image.size
             return height, width
         try:

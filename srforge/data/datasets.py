@@ -59,39 +59,43 @@ def find_pairs(root, images: str = "images", masks: str = "masks") -> tuple[list
     return pairs, problems
 
 
-def _open(path: Path) -> Image.Image:
-    """Open lazily (header only); every PIL failure becomes a DataError naming the path."""
+def open_image(source, label=None) -> Image.Image:
+    """Open lazily (header only) a path or binary file; every PIL failure becomes a DataError naming
+    ``label`` (default: the path), e.g. ``archive.zip:scans/a.png`` for an archive member."""
+    label = source if label is None else label
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            return Image.open(path)
+            return Image.open(source)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         raise DataError(
-            f"{path}: {error} If the file is trusted, raise the limit before loading, e.g. "
+            f"{label}: {error} If the file is trusted, raise the limit before loading, e.g. "
             "`PIL.Image.MAX_IMAGE_PIXELS = 500_000_000` (None disables the check)."
         ) from error
     except (UnidentifiedImageError, OSError, ValueError) as error:
-        raise DataError(f"{path}: cannot read as an image ({error}); the file is corrupt, empty or not an image") \
+        raise DataError(f"{label}: cannot read as an image ({error}); the file is corrupt, empty or not an image") \
             from error
 
 
-def _decode(path: Path) -> Image.Image:
-    image = _open(path)
+def _decode(source, label=None) -> Image.Image:
+    label = source if label is None else label
+    image = open_image(source, label)
     try:
         image.load()
     except (OSError, ValueError, SyntaxError) as error:  # truncated or damaged pixel data
-        raise DataError(f"{path}: cannot decode ({error}); the file is truncated or corrupt") from error
+        raise DataError(f"{label}: cannot decode ({error}); the file is truncated or corrupt") from error
     return image
 
 
-def read_image(path, mode: str = "RGB") -> torch.Tensor:
-    """Decode an image file to uint8 [C, H, W] in PIL ``mode`` (RGB: C=3, L: C=1, RGBA: C=4).
+def read_image(source, mode: str = "RGB", label=None) -> torch.Tensor:
+    """Decode an image (a path, or a binary file named by ``label`` in errors) to uint8 [C, H, W] in PIL
+    ``mode`` (RGB: C=3, L: C=1, RGBA: C=4).
 
     16-bit (and 32-bit integer) grayscale is scaled by its full range (value / 257), so a given raw
     value maps to the same 8-bit value in every file. Palette images are expanded through their palette.
     """
-    path = Path(path)
-    image = _decode(path)
+    label = source if label is None else label
+    image = _decode(source, label)
     if image.mode.startswith("I") or image.mode == "F":
         values = np.asarray(image, dtype=np.float64)
         top = 65535.0 if image.mode != "F" else 1.0 if values.max(initial=0) <= 1 else 255.0
@@ -99,7 +103,7 @@ def read_image(path, mode: str = "RGB") -> torch.Tensor:
     try:
         array = np.asarray(image.convert(mode))
     except ValueError as error:
-        raise DataError(f"{path}: cannot convert mode {image.mode} to {mode} ({error})") from error
+        raise DataError(f"{label}: cannot convert mode {image.mode} to {mode} ({error})") from error
     array = array[:, :, None] if array.ndim == 2 else array
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
@@ -119,7 +123,7 @@ def read_mask(path) -> torch.Tensor:
 
 
 def _read_size(path: Path) -> tuple[int, int]:
-    with _open(path) as image:
+    with open_image(path) as image:
         width, height = image.size
     return height, width
 

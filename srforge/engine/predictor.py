@@ -40,7 +40,7 @@ from srforge.data.datasets import DataError
 from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from srforge.engine.tiling import predict_tiled, tile_shape
-from srforge.engine.trainer import _autocast, _device
+from srforge.engine.device import autocast, resolve_device
 
 # Pixels per batch (n * Hp * Wp); a scan over it alone is tiled. On a GPU batching fills the device (a full-scale
 # 640 x 12,800 scan fits). On CPU batches are slower per scan than one scan at a time (benchmarks/bench_predict.py,
@@ -254,7 +254,7 @@ class Predictor:
                  image_mode: str | None = None, max_batch: int | None = 0):
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
-        self.device = _device(device, None) if isinstance(device, str) else torch.device(device)
+        self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.divisor, self.num_classes = model.size_divisor, model.num_classes
         self.class_names = list(class_names or [f"class_{c}" for c in range(self.num_classes)])
@@ -295,7 +295,7 @@ class Predictor:
         """One padded batch, no budget check: scans [C, H_i, W_i] -> probabilities float32 [K, H_i, W_i] (CPU)."""
         batch = self.collate([{"image": image} for image in images])
         image, sizes = batch["image"].to(self.device), batch["sizes"].to(self.device)
-        with _autocast(self.device, self.precision):
+        with autocast(self.device, self.precision):
             logits = self.model(image, sizes)
         probs = logits.float().softmax(1).cpu()
         return crop_to_sizes(probs, sizes.cpu())

@@ -16,7 +16,6 @@ are averaged by DistributedDataParallel, losses and confusion matrices are summe
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import math
@@ -39,6 +38,7 @@ from srforge.data.augment import build_augmentation
 from srforge.data.collate import AlignedCollate
 from srforge.data.sampling import SizeGroupedBatchSampler, size_stratified_split
 from srforge.engine.checkpoint import load_checkpoint, save_checkpoint
+from srforge.engine.device import autocast, resolve_device
 from srforge.engine.losses import segmentation_loss
 from srforge.engine.metrics import confusion_matrix, scores
 from srforge.models import UNet
@@ -62,14 +62,6 @@ def _distributed() -> tuple[int, int, torch.device | None]:
         torch.cuda.set_device(local)
         return rank, world, torch.device("cuda", local)
     return rank, world, torch.device("cpu")
-
-
-def _device(name: str, launched: torch.device | None) -> torch.device:
-    if launched is not None:
-        return launched
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def _cpu_has_native_bf16() -> bool:
@@ -161,12 +153,6 @@ def _schedule(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 
 # -- the loop --------------------------------------------------------------------------------------
-def _autocast(device: torch.device, precision: str):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-
-
 def _reduce(tensor: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(tensor)
@@ -182,7 +168,7 @@ def evaluate(model, loader, device, cfg) -> dict[str, Any]:
     loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of per-pixel losses, valid pixels)
     for batch in loader:
         image, mask, sizes = batch.image.to(device), batch.mask.to(device), batch.sizes.to(device)
-        with _autocast(device, cfg["train"]["precision"]):
+        with autocast(device, cfg["train"]["precision"]):
             logits = model(image, sizes)
         valid = int((mask != ignore).sum())
         loss_sum += torch.tensor([float(segmentation_loss(logits, mask, ignore)) * valid, valid], dtype=torch.float64, device=device)
@@ -222,7 +208,7 @@ def _tensorboard(run_dir: Path):
 def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
     """Train by ``cfg`` (a resolved config); returns a summary with the final validation scores."""
     rank, world, launched = _distributed()
-    device = _device(cfg["run"]["device"], launched)
+    device = launched or resolve_device(cfg["run"]["device"])
     run_dir = Path(cfg["run"]["dir"])
     main = rank == 0
     tcfg, dcfg, mcfg = cfg["train"], cfg["data"], cfg["model"]
@@ -308,7 +294,7 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
                 sizes = batch.sizes.to(device, non_blocking=True)
                 if tcfg["channels_last"]:
                     image = image.contiguous(memory_format=torch.channels_last)
-                with _autocast(device, tcfg["precision"]):
+                with autocast(device, tcfg["precision"]):
                     logits = net(image, sizes)
                 loss = segmentation_loss(logits, mask, ignore, tcfg["dice_weight"])
                 if not torch.isfinite(loss):
