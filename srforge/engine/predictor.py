@@ -18,7 +18,6 @@ temporaries a killed run left behind.
 """
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
