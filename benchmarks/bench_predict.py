@@ -31,7 +31,13 @@ import torch
 
 from srforge.data.archive import ScanArchive
 from srforge.engine.checkpoint import save_checkpoint
-from srforge.engine.predictor import Predictor, _save_png, atomic_write, output_paths, predict_archive
+from srforge.engine.predictor import (
+    Predictor,
+    _save_png,
+    atomic_write,
+    output_paths,
+    predict_archive,
+)
 from srforge.models import UNet
 
 

@@ -81,8 +81,7 @@ def main_train(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     if summary.get("val_iou") is not None:
-        names = cfg["model"]["class_names"] or [f"class_{c}" for c in range(cfg["model"]["num_classes"])]
-        per_class = ", ".join(f"{n} {v:.4f}" for n, v in zip(names, summary["val_iou"]))
+        per_class = ", ".join(f"{n} {v:.4f}" for n, v in zip(summary["class_names"], summary["val_iou"]))
         print(f"srforge: done. validation IoU {per_class} (mean {summary['val_mean_iou']:.4f}); "
               f"best validation mean IoU {summary['best_mean_iou']:.4f}; run directory {summary['run_dir']}")
     return 0

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import same
 from PIL import Image
 
-from helpers import same
 from srforge.data.archive import ScanArchive
 from srforge.data.datasets import DataError, read_image
 
@@ -136,3 +136,20 @@ def test_missing_input_and_non_archives_are_clear_errors(tmp_path):
     (tmp_path / "plain.txt").write_text("x")
     with pytest.raises(ValueError, match="neither a folder, a zip nor a tar"):
         ScanArchive(tmp_path / "plain.txt")
+
+
+def test_a_truncated_tar_gz_is_a_data_error_naming_it(tmp_path):
+    whole = _tar(tmp_path / "whole.tar.gz", {f"s{i}.png": _png(_rgb(40, 40, i)) for i in range(6)}, mode="w:gz")
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(DataError, match=r"cut.tar.gz: cannot list the archive .*damaged or truncated"):
+        ScanArchive(cut)
+
+
+def test_dots_inside_a_stem_keep_scans_apart(tmp_path):
+    from srforge.engine.predictor import output_paths
+
+    archive = ScanArchive(_zip(tmp_path / "v.zip", {"scan.v1.png": _png(_rgb(4, 4)), "scan.v2.png": _png(_rgb(4, 4, 1))}))
+    assert archive.names == ["scan.v1.png", "scan.v2.png"] and not archive.rejected
+    masks = {output_paths(tmp_path, name)["mask"] for name in archive.names}
+    assert masks == {tmp_path / "masks" / "scan.v1.png", tmp_path / "masks" / "scan.v2.png"}

@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from srforge.config import ConfigError, defaults, import_object, load_config, parse_override, resolve
+from srforge.config import (
+    ConfigError,
+    defaults,
+    import_object,
+    load_config,
+    parse_override,
+    resolve,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

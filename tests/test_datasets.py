@@ -9,7 +9,12 @@ from PIL import Image
 
 import srforge.data.datasets as datasets
 from srforge.cli import main_check_data
-from srforge.data.datasets import DataError, SegmentationFolder, check_folder, measure_sizes
+from srforge.data.datasets import (
+    DataError,
+    SegmentationFolder,
+    check_folder,
+    measure_sizes,
+)
 from srforge.data.entry import Entry
 
 
@@ -139,8 +144,8 @@ def test_empty_folder_names_folder_and_layout(tmp_path):
 
 def test_sizes_from_headers_then_cache(folder, monkeypatch):
     calls = []
-    read_size = datasets._read_size
-    monkeypatch.setattr(datasets, "_read_size", lambda p: calls.append(p) or read_size(p))
+    real_read_size = datasets.read_size
+    monkeypatch.setattr(datasets, "read_size", lambda p: calls.append(p) or real_read_size(p))
     monkeypatch.setattr(Image.Image, "load", lambda self: pytest.fail("sizes() decoded pixels"))
     expected = [(12, 20), (16, 9), (7, 30)]
     assert SegmentationFolder(folder).sizes() == expected and len(calls) == 3
@@ -152,7 +157,7 @@ def test_sizes_from_headers_then_cache(folder, monkeypatch):
     write(folder / "images" / "scan_1.png", rgb(17, 5))  # replaced with a new size
     write(folder / "masks" / "scan_1.png", labels(17, 5))
     calls.clear()
-    monkeypatch.setattr(datasets, "_read_size", lambda p: calls.append(p) or read_size(p))
+    monkeypatch.setattr(datasets, "read_size", lambda p: calls.append(p) or real_read_size(p))
     assert SegmentationFolder(folder).sizes() == [(12, 20), (17, 5), (7, 30)]
     assert [p.name for p in calls] == ["scan_1.png"]
 

@@ -136,6 +136,13 @@ def test_numpy_arrays_and_scalars_collate_like_tensors_and_numbers():
     assert batch.b.dtype == torch.bool
 
 
+def test_stacking_keeps_autograd():
+    a, b = torch.ones(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+    batch = srforge.Entry.collate([srforge.Entry(x=a), srforge.Entry(x=b)])
+    batch.x.sum().backward()
+    assert a.grad.tolist() == [1.0, 1.0]
+
+
 def test_other_objects_are_collected():
     o1, o2 = object(), object()
     assert srforge.Entry.collate([srforge.Entry(o=o1), srforge.Entry(o=o2)]).o == [o1, o2]
@@ -182,8 +189,9 @@ def test_batch_size_of_a_hand_built_entry_is_inferred_from_its_first_tensor_or_l
 
 
 def test_hand_built_batch_can_be_indexed_and_flagged():
-    e = srforge.Entry(image=torch.arange(6).view(3, 2), scale=4)
+    e = srforge.Entry(image=torch.arange(6).view(3, 2), scale=4, gain=torch.tensor(0.5))
     assert torch.equal(e[1].image, torch.tensor([2, 3])) and e[1].scale == 4
+    assert e[2].gain.item() == 0.5  # 0-dim values have no batch dim: every sample shares them
     e.is_batched = True
     assert "is_batched" not in e and len(e) == 3
 
@@ -347,8 +355,16 @@ def test_property_collate_unbatch_collate_is_unchanged(samples):
             got = recovered[key]
             if isinstance(value, (bool, int, float)):  # a 0-dim tensor, or raw where the field had None
                 assert torch.as_tensor(got).item() == pytest.approx(value)
-            elif isinstance(value, dict):
+            elif isinstance(value, dict):  # numbers inside come back as 0-dim tensors, like at the top level
                 assert set(got) == set(value)
+                for k, v in value.items():
+                    inner = got[k]
+                    if isinstance(v, (bool, int, float)):
+                        assert torch.as_tensor(inner).item() == pytest.approx(v)
+                    elif isinstance(v, torch.Tensor):
+                        assert torch.equal(inner, v)
+                    else:
+                        assert inner == v
             elif isinstance(value, torch.Tensor):
                 assert torch.equal(got, value)
             else:

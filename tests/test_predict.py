@@ -19,7 +19,8 @@ from torch.utils.data import Dataset
 from srforge.cli import main_predict
 from srforge.config import resolve
 from srforge.data.datasets import read_image
-from srforge.engine.predictor import TEMP_SUFFIX, Predictor
+from srforge.atomic import TEMP_SUFFIX
+from srforge.engine.predictor import Predictor
 from srforge.engine.tiling import tile_spans
 from srforge.engine.trainer import train
 
@@ -273,7 +274,7 @@ def test_kill_then_rerun_completes_the_set(tmp_path, ckpt):
     deadline = time.time() + 120
     while proc.poll() is None and time.time() < deadline and not any((out / "masks").rglob("*.png")):
         time.sleep(0.01)
-    time.sleep(0.3)
+    time.sleep(0.05)  # a moment into the run: kill it mid-stream, long before its 150 scans are done
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed: give it more scans"

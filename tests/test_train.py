@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from srforge import Entry
 from srforge.config import resolve
 from srforge.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from srforge.engine.trainer import NonFiniteLossError, train
@@ -101,6 +100,24 @@ def test_non_finite_loss_names_the_step_and_samples(tmp_path):
     assert np.isfinite(summary["train_loss"])
     best = load_checkpoint(tmp_path / "skip" / "best.pt")
     assert all(torch.isfinite(v).all() for v in best["model"].values() if v.is_floating_point())
+
+
+def test_metrics_csv_has_every_column_when_validation_is_not_every_epoch(tmp_path):
+    train(_cfg(tmp_path / "run", epochs=3, val_every=2))
+    lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    assert "val_mean_iou" in header and "val_iou_1" in header and len(lines) == 4
+    assert all(len(line.split(",")) == len(header) for line in lines[1:])
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert ["val_mean_iou" in r for r in rows] == [False, True, True]  # epoch 2, and the last epoch
+
+
+def test_mask_values_beyond_num_classes_name_the_sample(tmp_path):
+    cfg = _cfg(tmp_path / "run", epochs=1)
+    cfg["model"]["num_classes"] = 1
+    cfg["model"]["class_names"] = None
+    with pytest.raises(ValueError, match=r"TinyStrips\[\d+\] \('strip_\d+'\): mask values \[1\] are not classes of model.num_classes=1"):
+        train(cfg)
 
 
 def _overrides(tmp_path, epochs=4):

@@ -1,5 +1,6 @@
 """DataTransform: fields named by parameters, dispatch on is_batched, field mapping, no mutation."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,13 @@ def test_batched_transform_on_a_single_sample_adds_and_removes_the_batch_dim():
     assert out.image.shape == (3, 6, 6) and not out.is_batched
     assert out.name == "s0"
     assert torch.allclose(out.image.mean(dim=(1, 2)), torch.zeros(3), atol=1e-5)
+
+
+def test_batched_transform_on_a_sample_leaves_other_fields_untouched():
+    sample = Entry(image=torch.ones(1, 4, 4), scale=4, meta={"w": 0.5}, arr=np.zeros(2))
+    out = CropBorder(1)(sample)
+    assert out.image.shape == (1, 2, 2)
+    assert out.scale == 4 and type(out.scale) is int and out.meta == {"w": 0.5} and isinstance(out.arr, np.ndarray)
 
 
 def test_unbatched_transform_on_a_batch_runs_per_sample_and_recollates():

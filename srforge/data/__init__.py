@@ -3,7 +3,14 @@
 from .adapter import FieldView, dataset_sizes
 from .augment import Augmentation, build_augmentation
 from .collate import AlignedCollate, crop_to_sizes, pad_to_multiple, valid_mask
-from .datasets import DataError, SegmentationFolder, check_folder, measure_sizes, read_image, read_mask
+from .datasets import (
+    DataError,
+    SegmentationFolder,
+    check_folder,
+    measure_sizes,
+    read_image,
+    read_mask,
+)
 from .entry import Entry
 from .loader import DataLoaderFactory, GeneralCollation
 from .sampling import SizeGroupedBatchSampler, size_stratified_split

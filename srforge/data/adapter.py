@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 from tqdm import tqdm
+
+from srforge.atomic import atomic_write_text
 
 from .entry import Entry
 
@@ -36,6 +35,8 @@ class FieldView(Dataset):
         indices: the subset to expose (default: all).
         augment: a per-sample Entry -> Entry callable, or None.
         seed: with the epoch (``set_epoch``) and the sample index, fixes the augmentation's randomness.
+        num_classes: when given, a mask value outside [0, num_classes) other than ``ignore_index`` is a
+            ValueError naming the sample, instead of an index error deep inside the loss.
     """
 
     def __init__(
@@ -45,6 +46,8 @@ class FieldView(Dataset):
         indices: list[int] | None = None,
         augment: Callable[[Entry], Entry] | None = None,
         seed: int = 0,
+        num_classes: int | None = None,
+        ignore_index: int = 255,
     ) -> None:
         unknown = sorted(set(fields or {}) - set(CANONICAL))
         if unknown:
@@ -54,6 +57,7 @@ class FieldView(Dataset):
         self.indices = list(range(len(dataset))) if indices is None else list(indices)
         self.augment = augment
         self.seed = seed
+        self.num_classes, self.ignore_index = num_classes, ignore_index
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -83,6 +87,8 @@ class FieldView(Dataset):
         if "name" not in entry:
             entry["name"] = f"{index:06d}"
         entry["name"] = str(entry["name"])
+        if self.num_classes is not None:
+            self._check_mask(torch.as_tensor(entry["mask"]), index, entry["name"])
         if self.augment is not None:
             # Seeded per (seed, epoch, index): independent of worker count, batch order and resumption.
             with torch.random.fork_rng(devices=[]):
@@ -90,15 +96,18 @@ class FieldView(Dataset):
                 entry = self.augment(entry)
         return entry
 
+    def _check_mask(self, mask: torch.Tensor, index: int, name: str) -> None:
+        labelled = mask[mask != self.ignore_index]
+        if labelled.numel() and (labelled.min() < 0 or labelled.max() >= self.num_classes):
+            bad = sorted({int(v) for v in labelled.unique() if not 0 <= v < self.num_classes})
+            raise ValueError(
+                f"{type(self.dataset).__name__}[{index}] ('{name}'): mask values {bad[:10]} are not classes of "
+                f"model.num_classes={self.num_classes} (0..{self.num_classes - 1}) nor the ignore index "
+                f"{self.ignore_index}. Fix the mask or set model.num_classes / data.ignore_index."
+            )
+
     def sizes_of(self, all_sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
         return [tuple(all_sizes[i]) for i in self.indices]
-
-
-def _write_json_atomic(path: Path, data: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
 
 
 def dataset_sizes(dataset: Dataset, fields: Mapping[str, str] | None = None, cache: Path | None = None, key: str = "") -> list[tuple[int, int]]:
@@ -110,7 +119,10 @@ def dataset_sizes(dataset: Dataset, fields: Mapping[str, str] | None = None, cac
     if callable(getattr(dataset, "sizes", None)):
         return [tuple(map(int, s)) for s in dataset.sizes()]
     if cache is not None and cache.is_file():
-        stored = json.loads(cache.read_text())
+        try:
+            stored = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            stored = {}  # a damaged cache is measured again, never trusted
         if stored.get("key") == key and len(stored.get("sizes", [])) == len(dataset):
             return [tuple(s) for s in stored["sizes"]]
     view = FieldView(dataset, fields)
@@ -119,6 +131,5 @@ def dataset_sizes(dataset: Dataset, fields: Mapping[str, str] | None = None, cac
         image = view[i]["image"]
         sizes.append((int(image.shape[-2]), int(image.shape[-1])))
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        _write_json_atomic(cache, {"key": key, "sizes": sizes})
+        atomic_write_text(cache, json.dumps({"key": key, "sizes": sizes}))
     return sizes

@@ -19,12 +19,13 @@ import os
 import stat
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 import torch
 
-from srforge.data.datasets import SUFFIXES, DataError, open_image, read_image
+from srforge.data.datasets import SUFFIXES, DataError, read_image, read_size
 
 ARCHIVE_KINDS = "a folder, a .zip, or a .tar / .tar.gz / .tgz / .tar.bz2 / .tar.xz"
 
@@ -46,11 +47,9 @@ def _decode_bytes(data: bytes, label: str, mode: str) -> torch.Tensor:
     return read_image(io.BytesIO(data), mode, label=label)
 
 
-def _header_size(stream, label: str) -> tuple[int, int]:
-    """(H, W) from an image header read off an open binary stream; DataError naming ``label``."""
-    with open_image(stream, label) as image:
-        width, height = image.size
-    return height, width
+# What reading a damaged, encrypted or oddly compressed member can raise, besides DataError: zipfile raises
+# RuntimeError for encrypted members and NotImplementedError for unknown compression, gzip EOFError.
+_MEMBER_ERRORS = (OSError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile, tarfile.TarError)
 
 
 def archive_kind(path: Path) -> str:
@@ -85,15 +84,19 @@ class ScanArchive:
         self.rejected: list[tuple[str, str]] = []
         self._handle = None
         members: Iterable[tuple[str, object, str | None]]  # (name, key to read it, reason to refuse)
-        if self.kind == "folder":
-            members = sorted(self._walk(Path(exclude).resolve() if exclude is not None else None), key=lambda m: m[0])
-        elif self.kind == "zip":
-            self._handle = zipfile.ZipFile(self.path)
-            members = ((info.filename, info, self._zip_problem(info)) for info in self._handle.infolist())
-        else:
-            self._handle = tarfile.open(self.path, "r:*")
-            self.sequential = not isinstance(self._handle.fileobj, io.BufferedReader)
-            members = ((m.name, m, self._tar_problem(m)) for m in self._handle.getmembers())
+        try:
+            if self.kind == "folder":
+                members = sorted(self._walk(Path(exclude).resolve() if exclude is not None else None), key=lambda m: m[0])
+            elif self.kind == "zip":
+                self._handle = zipfile.ZipFile(self.path)
+                members = [(info.filename, info, self._zip_problem(info)) for info in self._handle.infolist()]
+            else:
+                self._handle = tarfile.open(self.path, "r:*")
+                self.sequential = not isinstance(self._handle.fileobj, io.BufferedReader)
+                members = [(m.name, m, self._tar_problem(m)) for m in self._handle.getmembers()]
+        except (*_MEMBER_ERRORS, zlib.error) as error:  # a damaged or truncated archive (gzip raises EOFError)
+            self.close()
+            raise DataError(f"{self.path}: cannot list the archive ({type(error).__name__}: {error}); it is damaged or truncated") from error
         self._index(members)
 
     # -- listing --------------------------------------------------------------------------------------
@@ -182,14 +185,12 @@ class ScanArchive:
     def size(self, i: int) -> tuple[int, int]:
         """(H, W) of scan i from its header."""
         if self.kind == "folder":
-            with open_image(self._keys[i]) as image:
-                width, height = image.size
-            return height, width
+            return read_size(self._keys[i])
         try:
             with self._stream(i) as stream:
-                return _header_size(stream, self.label(i))
-        except (OSError, zipfile.BadZipFile, tarfile.TarError) as error:
-            raise DataError(f"{self.label(i)}: cannot read the member ({error})") from error
+                return read_size(stream, self.label(i))
+        except _MEMBER_ERRORS as error:
+            raise DataError(f"{self.label(i)}: cannot read the member ({type(error).__name__}: {error})") from error
 
     def in_archive_order(self, indices: Iterable[int]) -> list[int]:
         """``indices`` sorted by position in the archive: the order that reads a .tar.gz in one forward pass."""
@@ -202,8 +203,9 @@ class ScanArchive:
             try:
                 with self._stream(i) as stream:
                     out[i] = stream.read()
-            except (OSError, EOFError, zipfile.BadZipFile, tarfile.TarError) as error:
-                out[i] = DataError(f"{self.label(i)}: cannot read the member ({error}); the archive is damaged")
+            except _MEMBER_ERRORS as error:
+                out[i] = DataError(f"{self.label(i)}: cannot read the member ({type(error).__name__}: {error}); "
+                                   "it is damaged, encrypted or compressed in a way zipfile/tarfile cannot read")
         return out
 
     def read(self, i: int, mode: str = "RGB", data: bytes | DataError | None = None) -> torch.Tensor:

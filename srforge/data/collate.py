@@ -23,24 +23,25 @@ from .entry import Entry, _collate_field, _collate_mappings, _index_value
 from .memory import new_batch_buffer
 
 
-def _divisor_pair(divisor: int | Sequence[int]) -> tuple[int, int]:
+def divisor_pair(divisor: int | Sequence[int]) -> tuple[int, int]:
     pair = tuple(divisor) if isinstance(divisor, (tuple, list)) else (divisor, divisor)
     if len(pair) != 2 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1 for d in pair):
         raise ValueError(f"divisor must be an int >= 1 or a pair (dh, dw) of them; found {divisor!r}.")
     return int(pair[0]), int(pair[1])
 
 
-def _round_up(n: int, d: int) -> int:
+def round_up(n, d):
+    """``n`` rounded up to a multiple of ``d`` (ints, or numpy arrays of them)."""
     return -(-n // d) * d
 
 
 def pad_to_multiple(tensor: torch.Tensor, divisor: int | Sequence[int], value: float = 0) -> torch.Tensor:
     """Pad one sample ``[..., H, W]`` at the bottom and right to ``[..., ceil(H/dh)*dh, ceil(W/dw)*dw]``."""
-    dh, dw = _divisor_pair(divisor)
+    dh, dw = divisor_pair(divisor)
     if tensor.dim() < 2:
         raise ValueError(f"pad_to_multiple needs a tensor [..., H, W]; found shape {list(tensor.shape)}.")
     h, w = tensor.shape[-2:]
-    out = tensor.new_full((*tensor.shape[:-2], _round_up(h, dh), _round_up(w, dw)), value)
+    out = tensor.new_full((*tensor.shape[:-2], round_up(h, dh), round_up(w, dw)), value)
     out[..., :h, :w] = tensor
     return out
 
@@ -106,7 +107,7 @@ class AlignedCollate:
         pad: Mapping[Hashable, float] | None = None,
         sizes_key: str = "sizes",
     ) -> None:
-        self.divisor = _divisor_pair(divisor)
+        self.divisor = divisor_pair(divisor)
         self.pad = dict({"image": 0, "mask": 255} if pad is None else pad)
         if not self.pad:
             raise ValueError("AlignedCollate needs at least one field to pad, e.g. pad={'image': 0}.")
@@ -163,8 +164,8 @@ class AlignedCollate:
             sizes.append(size)
         sizes_t = torch.tensor(sizes, dtype=torch.int64)
         dh, dw = self.divisor
-        hp = max(_round_up(h, dh) for h, _ in sizes)
-        wp = max(_round_up(w, dw) for _, w in sizes)
+        hp = max(round_up(h, dh) for h, _ in sizes)
+        wp = max(round_up(w, dw) for _, w in sizes)
         return {key: self._pad_stack(ts, sizes, hp, wp, pad[key]) for key, ts in tensors.items()}, sizes_t
 
     @staticmethod

@@ -6,7 +6,6 @@ cost no decoding. Every bad file is a DataError that names it.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import warnings
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from srforge.atomic import atomic_write_text
 from srforge.data.entry import Entry
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
@@ -83,6 +83,7 @@ def _decode(source, label=None) -> Image.Image:
     try:
         image.load()
     except (OSError, ValueError, SyntaxError) as error:  # truncated or damaged pixel data
+        image.close()
         raise DataError(f"{label}: cannot decode ({error}); the file is truncated or corrupt") from error
     return image
 
@@ -95,7 +96,11 @@ def read_image(source, mode: str = "RGB", label=None) -> torch.Tensor:
     value maps to the same 8-bit value in every file. Palette images are expanded through their palette.
     """
     label = source if label is None else label
-    image = _decode(source, label)
+    with _decode(source, label) as image:  # closed at once: a TIFF would otherwise hold its file open
+        return _to_uint8_chw(image, mode, label)
+
+
+def _to_uint8_chw(image: Image.Image, mode: str, label) -> torch.Tensor:
     if image.mode.startswith("I") or image.mode == "F":
         values = np.asarray(image, dtype=np.float64)
         top = 65535.0 if image.mode != "F" else 1.0 if values.max(initial=0) <= 1 else 255.0
@@ -111,7 +116,11 @@ def read_image(source, mode: str = "RGB", label=None) -> torch.Tensor:
 def read_mask(path) -> torch.Tensor:
     """Decode a mask file to int64 [H, W] class indices (palette masks give their indices, as in VOC)."""
     path = Path(path)
-    image = _decode(path)
+    with _decode(path) as image:
+        return _mask_indices(image, path)
+
+
+def _mask_indices(image: Image.Image, path: Path) -> torch.Tensor:
     if image.mode == "LA":
         image = image.getchannel("L")
     if image.mode not in ("1", "L", "P") and not image.mode.startswith("I"):
@@ -122,8 +131,9 @@ def read_mask(path) -> torch.Tensor:
     return torch.from_numpy(np.asarray(image).astype(np.int64))
 
 
-def _read_size(path: Path) -> tuple[int, int]:
-    with open_image(path) as image:
+def read_size(source, label=None) -> tuple[int, int]:
+    """(H, W) of an image path or binary file, from its header only."""
+    with open_image(source, label) as image:
         width, height = image.size
     return height, width
 
@@ -154,18 +164,15 @@ def measure_sizes(paths: Sequence, cache=None) -> list[tuple[int, int]]:
         if entry is not None and entry[:2] == [stat.st_size, stat.st_mtime_ns]:
             sizes.append((entry[2], entry[3]))
             continue
-        height, width = _read_size(path)
+        height, width = read_size(path)
         index[key] = [stat.st_size, stat.st_mtime_ns, height, width]
         sizes.append((height, width))
         changed = True
     if cache is not None and changed:
-        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps({"version": 1, "files": index}))
-            os.replace(tmp, cache)
+            atomic_write_text(cache, json.dumps({"version": 1, "files": index}))
         except OSError:  # read-only data: measure every time instead
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+            pass
     return sizes
 
 

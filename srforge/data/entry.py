@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from .memory import new_batch_buffer
 
@@ -71,8 +72,9 @@ def _stack(tensors: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
     first = tensors[0]
     if any(t.shape != first.shape or t.dtype != first.dtype or t.device != first.device for t in tensors):
         return list(tensors)
-    out = new_batch_buffer((len(tensors), *first.shape), first.dtype, first.device)
-    return torch.stack(tensors, out=out)
+    if get_worker_info() is None:
+        return torch.stack(tensors)  # (also keeps autograd: stack with out= refuses tensors that need grad)
+    return torch.stack(tensors, out=new_batch_buffer((len(tensors), *first.shape), first.dtype, first.device))
 
 
 def _collate_field(values: list[Any], path: str) -> Any:
@@ -136,6 +138,8 @@ def _index_value(value: Any, index: int | slice) -> Any:
         # Tensors reject negative slice steps; pick the same rows explicitly.
         rows = torch.tensor(range(*index.indices(value.shape[0])), dtype=torch.long, device=value.device)
         return value.index_select(0, rows)
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0:
+        return value  # a 0-dim value has no batch dimension: like a bare setting, it belongs to every sample
     if isinstance(value, (torch.Tensor, np.ndarray, list, tuple)):
         return value[index]
     # A value without a batch dimension (a hand-built batch's shared setting) belongs to every sample.

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
+from srforge.data.collate import divisor_pair, round_up
+
 # Relative jitter added to the in-band sort key (log size) each epoch. Without it a pool larger than the
 # dataset would give the same batches every epoch; 2% changes most neighbours yet keeps padding low
 # (benchmarks/bench_padding.py measures both).
@@ -26,17 +28,6 @@ def _as_sizes(sizes) -> np.ndarray:
         bad = int(np.flatnonzero((array < 1).any(axis=1))[0])
         raise ValueError(f"size {bad} is {tuple(array[bad])}: every (H, W) must be positive")
     return array
-
-
-def _ceil_to(values: np.ndarray, multiple: int) -> np.ndarray:
-    return -(-values // multiple) * multiple
-
-
-def _pair(divisor) -> tuple[int, int]:
-    dh, dw = (divisor, divisor) if isinstance(divisor, int) else tuple(divisor)
-    if int(dh) < 1 or int(dw) < 1:
-        raise ValueError(f"divisor must be a positive int or (dh, dw), got {divisor!r}")
-    return int(dh), int(dw)
 
 
 def _grouped_order(aligned: np.ndarray, pool: np.ndarray, batch_size: int, rng) -> np.ndarray:
@@ -145,8 +136,8 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         self.sizes = _as_sizes(sizes)
         if len(self.sizes) == 0:
             raise ValueError("SizeGroupedBatchSampler got no sizes: the dataset is empty")
-        dh, dw = _pair(divisor)
-        self.aligned = np.stack([_ceil_to(self.sizes[:, 0], dh), _ceil_to(self.sizes[:, 1], dw)], axis=1)
+        dh, dw = divisor_pair(divisor)
+        self.aligned = np.stack([round_up(self.sizes[:, 0], dh), round_up(self.sizes[:, 1], dw)], axis=1)
         self.batch_size, self.max_pixels = batch_size, max_pixels
         # Pools are whole batches in batch_size mode, so only the epoch's last batch can be short.
         step = batch_size or 1

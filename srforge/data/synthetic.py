@@ -10,12 +10,13 @@ Scan i depends only on (seed, i), never on n, so growing a set keeps its first s
 """
 from __future__ import annotations
 
-import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
+
+from srforge.atomic import atomic_write
 
 STYLES = ("solid", "dashed", "dotted")  # multiclass mask value = position + 1
 CLASSES = {"binary": ("background", "curve"), "multiclass": ("background",) + STYLES}
@@ -141,9 +142,7 @@ def welllog_scan(index: int, seed: int = 0, scale: float = 1.0,
 
 
 def _save_atomic(array: np.ndarray, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    Image.fromarray(array).save(tmp, format="PNG", compress_level=1)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: Image.fromarray(array).save(f, format="PNG", compress_level=1))
 
 
 def _write_scan(out: Path, index: int, scale: float, seed: int, classes: str) -> Path:

@@ -67,7 +67,14 @@ class DataTransform:
             return type(entry).collate([self._apply(self.transform_unbatched, s) for s in entry.unbatch()])
         if self._defines("transform_unbatched"):
             return self._apply(self.transform_unbatched, entry)
-        return self._apply(self.transform, type(entry).collate([entry]))[0]
+        # Only the fields it reads gain (and lose) the batch dimension; the others pass through untouched.
+        names = [self.fields.get(p, p) for p in _field_parameters(self.transform)]
+        if any(n not in entry for n in names):
+            return self._apply(self.transform, entry)  # raises the KeyError that names what is missing
+        fields = self._apply(self.transform, type(entry).collate([{n: entry[n] for n in names if n in entry}]))[0]
+        out = entry.copy()
+        out.update(fields)
+        return out
 
     def _apply(self, method, entry: Entry) -> Entry:
         params = _field_parameters(method)

@@ -18,11 +18,12 @@ the old one, so a kill at any moment leaves either the previous checkpoint or th
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from srforge.atomic import atomic_write
 
 FORMAT = "srforge-checkpoint"
 VERSION = 1
@@ -30,19 +31,7 @@ VERSION = 1
 
 def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike) -> Path:
     """Write ``payload`` (with the format tag added) to ``path`` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, "version": VERSION, **payload}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **payload}, f), fsync=True)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
@@ -65,12 +54,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     return ckpt
 
 
-def model_from_checkpoint(ckpt: dict[str, Any]) -> torch.nn.Module:
+def model_from_checkpoint(ckpt: dict[str, Any], source: str | os.PathLike = "the checkpoint") -> torch.nn.Module:
     """The UNet a checkpoint describes, with its weights and normalisation buffers loaded, in eval mode."""
     from srforge.models import UNet
 
-    model = UNet(**ckpt["model_args"])
-    model.load_state_dict(ckpt["model"])
+    try:
+        model = UNet(**ckpt["model_args"])
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{source}: its weights do not fit the UNet it describes ({exc})") from None
     if model.size_divisor != ckpt["size_divisor"]:
         raise ValueError(
             f"Checkpoint size_divisor {ckpt['size_divisor']} does not match its model's {model.size_divisor}."

@@ -24,6 +24,9 @@ def segmentation_loss(
     logits: torch.Tensor, target: torch.Tensor, ignore_index: int = 255, dice_weight: float = 0.0
 ) -> torch.Tensor:
     """Cross-entropy over valid pixels (+ ``dice_weight`` * Dice loss). logits [B, K, H, W], target [B, H, W]."""
+    if not (target != ignore_index).any():
+        # Nothing to learn from (an all-ignore crop): a zero that keeps the graph, not cross-entropy's 0/0 NaN.
+        return logits.float().sum() * 0.0
     loss = F.cross_entropy(logits.float(), target, ignore_index=ignore_index)
     if dice_weight:
         loss = loss + dice_weight * dice_loss(logits, target, ignore_index)

@@ -8,10 +8,10 @@ import torch
 def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int = 255) -> torch.Tensor:
     """int64 [K, K] counts, rows = true class, columns = predicted, over pixels whose target is a class.
 
-    pred and target are [B, H, W] (or any equal shapes) of class ids. Padded pixels and ``ignore_index``
-    carry no class, so they are left out; so are target values outside [0, K).
+    pred and target are [B, H, W] (or any equal shapes) of class ids. Padded pixels carry ``ignore_index``,
+    so they are left out -- even when ``ignore_index`` is a class id -- and so are target values outside [0, K).
     """
-    valid = (target >= 0) & (target < num_classes)
+    valid = (target != ignore_index) & (target >= 0) & (target < num_classes)
     index = target[valid] * num_classes + pred[valid].clamp(0, num_classes - 1)
     return torch.bincount(index, minlength=num_classes * num_classes).view(num_classes, num_classes)
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,13 +32,14 @@ from PIL import Image
 from torchvision.utils import draw_segmentation_masks
 from tqdm import tqdm
 
+from srforge.atomic import atomic_write, remove_stale_temporaries
 from srforge.data.archive import ScanArchive
-from srforge.data.collate import AlignedCollate, crop_to_sizes
+from srforge.data.collate import AlignedCollate, crop_to_sizes, round_up
 from srforge.data.datasets import DataError
 from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.engine.checkpoint import load_checkpoint, model_from_checkpoint
-from srforge.engine.tiling import predict_tiled, tile_shape
 from srforge.engine.device import autocast, resolve_device
+from srforge.engine.tiling import predict_tiled, tile_shape
 
 # Pixels per batch (n * Hp * Wp); a scan over it alone is tiled. On a GPU batching fills the device (a full-scale
 # 640 x 12,800 scan fits). On CPU batches are slower per scan than one scan at a time (benchmarks/bench_predict.py,
@@ -47,7 +47,6 @@ from srforge.engine.device import autocast, resolve_device
 # batch is one scan and the budget only bounds memory (a full-scale 640 x 6,400 scan fits; wider ones are tiled).
 DEFAULT_MAX_PIXELS = {"cpu": 2**22, "cuda": 2**24}
 DEFAULT_MAX_BATCH = {"cpu": 1, "cuda": None}
-TEMP_SUFFIX = ".srforge-tmp"
 POOL = 32  # scans read ahead together from an archive without random access (.tar.gz)
 _COLORS = [(230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48), (145, 30, 180), (70, 240, 240),
            (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128)]
@@ -55,31 +54,6 @@ _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
 # -- outputs ---------------------------------------------------------------------------------------
-def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``.
-
-    No fsync: a killed process leaves its data to the OS, and a power cut that loses a renamed file's bytes
-    leaves a mask that fails the completeness check, so the next run redoes it.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}{TEMP_SUFFIX}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def remove_stale_temporaries(out_dir: Path) -> int:
-    """Delete the temporary files a killed run left under out_dir; returns how many."""
-    stale = list(out_dir.rglob(f".*{TEMP_SUFFIX}")) if out_dir.is_dir() else []
-    for path in stale:
-        path.unlink(missing_ok=True)
-    return len(stale)
-
-
 def read_complete(path: Path, size: tuple[int, int], mode: str) -> np.ndarray | None:
     """The image at path as an array if it decodes fully, in PIL ``mode``, at ``size`` (H, W); else None."""
     try:
@@ -121,10 +95,11 @@ def _save_png(array: np.ndarray, mode: str) -> Callable[[Any], None]:
 
 def output_paths(out_dir: Path, name: str) -> dict[str, Path]:
     """Where scan ``name`` (a safe relative path) writes each output."""
-    stem = Path(name).with_suffix("")
-    return {"mask": out_dir / "masks" / stem.with_suffix(".png"),
-            "overlay": out_dir / "overlays" / stem.with_suffix(".png"),
-            "probabilities": out_dir / "probabilities" / stem.with_suffix(".npy")}
+    # The scan's suffix is replaced, never a dot inside its stem: scan.v1.tif and scan.v2.tif stay apart.
+    stem = Path(name).with_suffix("").as_posix()
+    return {"mask": out_dir / "masks" / f"{stem}.png",
+            "overlay": out_dir / "overlays" / f"{stem}.png",
+            "probabilities": out_dir / "probabilities" / f"{stem}.npy"}
 
 
 def write_report(out_dir: Path, rows: list[dict], summary: dict, class_names: Sequence[str]) -> None:
@@ -264,6 +239,8 @@ class Predictor:
                              f"(size_divisor {self.divisor}); raise it")
         self.max_batch = DEFAULT_MAX_BATCH.get(self.device.type) if max_batch == 0 else max_batch
         self.overlap = 4 * self.divisor if overlap is None else int(overlap)
+        if self.overlap < 0:
+            raise ValueError(f"Tile overlap must be >= 0 px, found {self.overlap}.")
         self.image_mode = image_mode or _MODES.get(model.in_channels)
         if self.image_mode is None:
             raise ValueError(f"no PIL mode for a {model.in_channels}-channel model; pass image_mode")
@@ -275,7 +252,7 @@ class Predictor:
         """The Predictor a checkpoint describes: weights, divisor, classes, normalisation, image mode."""
         ckpt = load_checkpoint(path)
         dataset_args = (ckpt.get("config") or {}).get("data", {}).get("dataset", {}).get("args", {})
-        return cls(model_from_checkpoint(ckpt), ckpt["class_names"], device, precision, max_pixels, overlap,
+        return cls(model_from_checkpoint(ckpt, path), ckpt["class_names"], device, precision, max_pixels, overlap,
                    dataset_args.get("image_mode"), max_batch)
 
     def plan(self, sizes: Sequence[tuple[int, int]]) -> list[list[int]]:
@@ -287,7 +264,7 @@ class Predictor:
         return [batch[j:j + step] for batch in batches for j in range(0, len(batch), step)]
 
     def _aligned_area(self, image: torch.Tensor) -> int:
-        return int(np.prod([-(-n // self.divisor) * self.divisor for n in image.shape[-2:]]))
+        return int(np.prod([round_up(n, self.divisor) for n in image.shape[-2:]]))
 
     @torch.inference_mode()
     def run_batch(self, images: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import torch
 
+from srforge.data.collate import round_up
+
 
 def _floor_to(n: int, d: int) -> int:
     return n // d * d
@@ -42,7 +44,7 @@ def tile_shape(height: int, width: int, max_pixels: int, divisor: int) -> tuple[
     Full-height strips when a strip 4d wide fits: well logs are wide, and a tile that spans the whole
     height has no horizontal seams.
     """
-    full = -(-height // divisor) * divisor
+    full = round_up(height, divisor)
     if full * 4 * divisor <= max_pixels:
         return full, _floor_to(max_pixels // full, divisor)
     side = max(2 * divisor, _floor_to(int(max_pixels**0.5), divisor))

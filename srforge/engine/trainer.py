@@ -17,6 +17,7 @@ are averaged by DistributedDataParallel, losses and confusion matrices are summe
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from srforge.atomic import atomic_write_text
 from srforge.config import dump, import_object
 from srforge.data.adapter import FieldView, dataset_sizes
 from srforge.data.augment import build_augmentation
@@ -131,16 +133,17 @@ def build_data(cfg: dict, run_dir: Path) -> tuple[FieldView, FieldView, list, li
     sizes = dataset_sizes(dataset, data["fields"], run_dir / "sizes_cache.json", key)
     augment = build_augmentation({**data["augment"], "ignore_index": data["ignore_index"]}) if data["augment"] else None
     seed = cfg["run"]["seed"]
+    checks = {"num_classes": cfg["model"]["num_classes"], "ignore_index": data["ignore_index"]}
     if data["val_dataset"]["class"] is not None:
         val_set = _build(data["val_dataset"], "data.val_dataset.class")
         val_key = json.dumps(data["val_dataset"], sort_keys=True)
         val_sizes = dataset_sizes(val_set, data["fields"], run_dir / "val_sizes_cache.json", val_key)
-        train = FieldView(dataset, data["fields"], augment=augment, seed=seed)
-        val = FieldView(val_set, data["fields"])
+        train = FieldView(dataset, data["fields"], augment=augment, seed=seed, **checks)
+        val = FieldView(val_set, data["fields"], **checks)
         return train, val, sizes, val_sizes
     train_idx, val_idx = size_stratified_split(sizes, data["val_fraction"], seed=seed)
-    train = FieldView(dataset, data["fields"], train_idx, augment=augment, seed=seed)
-    val = FieldView(dataset, data["fields"], val_idx)
+    train = FieldView(dataset, data["fields"], train_idx, augment=augment, seed=seed, **checks)
+    val = FieldView(dataset, data["fields"], val_idx, **checks)
     return train, val, train.sizes_of(sizes), val.sizes_of(sizes)
 
 
@@ -182,19 +185,35 @@ def evaluate(model, loader, device, cfg) -> dict[str, Any]:
 
 
 def _write_metrics(run_dir: Path, row: dict[str, Any]) -> None:
+    """Append the epoch's row to metrics.jsonl, then rewrite metrics.csv from all rows (atomically).
+
+    The CSV is rebuilt rather than appended so that its header covers every column, also when a later row
+    gains validation columns (``train.val_every`` > 1) or a resumed run appends.
+    """
     with open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
-    flat = {k: v for k, v in row.items() if not isinstance(v, list)}
-    for name in ("iou", "dice"):
-        for c, value in enumerate(row.get(f"val_{name}", [])):
-            flat[f"val_{name}_{c}"] = value
-    path = run_dir / "metrics.csv"
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(flat))
-        if new:
-            writer.writeheader()
-        writer.writerow(flat)
+    rows = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        flat = {k: v for k, v in record.items() if not isinstance(v, list)}
+        for name in ("iou", "dice"):
+            for c, value in enumerate(record.get(f"val_{name}", [])):
+                flat[f"val_{name}_{c}"] = value
+        rows.append(flat)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(run_dir / "metrics.csv", text.getvalue())
+
+
+def _all_finite(loss: torch.Tensor) -> bool:
+    """Whether the loss is finite on every rank: all ranks must agree to step or to skip, or DDP hangs."""
+    finite = torch.isfinite(loss.detach()).to(torch.float32)
+    if dist.is_initialized():
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    return bool(finite)
 
 
 def _tensorboard(run_dir: Path):
@@ -221,7 +240,7 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
         ckpt = load_checkpoint(path / "last.pt" if path.is_dir() else path)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump(cfg))
+        atomic_write_text(run_dir / "config.yaml", dump(cfg))
     _seed_everything(cfg["run"]["seed"])
     _maybe_generate_synthetic(cfg, rank)
     train_view, val_view, train_sizes, val_sizes = build_data(cfg, run_dir)
@@ -276,7 +295,7 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
     writer = _tensorboard(run_dir) if main else None
     stop = tcfg["epochs"] if tcfg["stop_after"] is None else min(tcfg["epochs"], start_epoch + tcfg["stop_after"])
     ignore, k = dcfg["ignore_index"], mcfg["num_classes"]
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "best_mean_iou": best}
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "best_mean_iou": best, "class_names": class_names}
     net.train()
     for epoch in range(start_epoch, stop):
         sampler.set_epoch(epoch)
@@ -284,9 +303,9 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
         batches = list(sampler)[skip:]
         loader = DataLoader(train_view, batch_sampler=batches, collate_fn=collate, num_workers=dcfg["num_workers"], pin_memory=device.type == "cuda")
         bar = tqdm(loader, total=len(batches), desc=f"epoch {epoch + 1}/{tcfg['epochs']}", disable=not main, leave=False)
-        stats = torch.zeros(3, dtype=torch.float64)  # loss sum, batches, real pixels
+        stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, batches, real pixels
         confusion = torch.zeros(k, k, dtype=torch.int64, device=device)
-        started, done = time.perf_counter(), skip
+        started, done, epoch_saved = time.perf_counter(), skip, False
         try:
             for batch in bar:
                 image = batch.image.to(device, non_blocking=True)  # uint8: the model normalises on the device
@@ -297,7 +316,7 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
                 with autocast(device, tcfg["precision"]):
                     logits = net(image, sizes)
                 loss = segmentation_loss(logits, mask, ignore, tcfg["dice_weight"])
-                if not torch.isfinite(loss):
+                if not _all_finite(loss):
                     message = f"non-finite loss {loss.item()} at step {step + 1} (epoch {epoch + 1}) on samples {batch.name}"
                     if not tcfg["skip_nonfinite"]:
                         raise NonFiniteLossError(message + "; set train.skip_nonfinite=true to skip such batches.")
@@ -318,42 +337,45 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
                 done += 1
                 with torch.no_grad():
                     confusion += confusion_matrix(logits.argmax(1), mask, k, ignore)
-                stats += torch.tensor([loss.item(), 1, float(batch.sizes.prod(1).sum())], dtype=torch.float64)
+                stats += torch.tensor([loss.item(), 1, float(batch.sizes.prod(1).sum())], dtype=torch.float64, device=device)
                 seconds = time.perf_counter() - started
                 miou = scores(confusion.cpu())["mean_iou"]
                 bar.set_postfix(loss=f"{stats[0] / stats[1]:.4f}", mIoU=f"{miou:.3f}", px_s=f"{stats[2] * world / seconds:.3g}")
-        except KeyboardInterrupt:
+            skip = 0
+            seconds = time.perf_counter() - started
+            _reduce(stats)
+            row: dict[str, Any] = {
+                "epoch": epoch + 1, "step": step, "lr": scheduler.get_last_lr()[0],
+                "train_loss": float(stats[0] / max(stats[1], 1)),
+                "train_mean_iou": scores(_reduce(confusion).cpu())["mean_iou"],
+                "real_pixels_per_s": float(stats[2] / seconds), "seconds": seconds,
+            }
+            if (epoch + 1) % tcfg["val_every"] == 0 or epoch + 1 == tcfg["epochs"]:
+                val = evaluate(model, val_loader, device, cfg)
+                row.update({"val_loss": val["loss"], "val_mean_iou": val["mean_iou"], "val_pixel_accuracy": val["pixel_accuracy"],
+                            "val_iou": val["iou"], "val_dice": val["dice"]})
+                if math.isfinite(val["mean_iou"]) and val["mean_iou"] > best:
+                    best = val["mean_iou"]
+                    if main:
+                        save_checkpoint(checkpoint(epoch + 1, 0, best), run_dir / "best.pt")
             if main:
-                save_checkpoint(checkpoint(epoch, done, best), run_dir / "last.pt")
+                save_checkpoint(checkpoint(epoch + 1, 0, best), run_dir / "last.pt")
+                epoch_saved = True
+                _write_metrics(run_dir, row)
+                if writer is not None:
+                    for key, value in row.items():
+                        if isinstance(value, float):
+                            writer.add_scalar(key, value, step)
+                shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if not isinstance(v, list)}
+                tqdm.write(f"srforge: {json.dumps(shown)}")
+        except KeyboardInterrupt:
+            # Anywhere in the epoch, validation and saving included: last.pt records how far it got.
+            if main:
+                if not epoch_saved:
+                    save_checkpoint(checkpoint(epoch, done, best), run_dir / "last.pt")
                 print(f"\nsrforge: interrupted; wrote {run_dir / 'last.pt'} (epoch {epoch + 1}, {done} batches done). "
                       f"Continue with --resume {run_dir}")
             raise
-        skip = 0
-        seconds = time.perf_counter() - started
-        _reduce(stats)
-        row: dict[str, Any] = {
-            "epoch": epoch + 1, "step": step, "lr": scheduler.get_last_lr()[0],
-            "train_loss": float(stats[0] / max(stats[1], 1)),
-            "train_mean_iou": scores(_reduce(confusion).cpu())["mean_iou"],
-            "real_pixels_per_s": float(stats[2] / seconds), "seconds": seconds,
-        }
-        if (epoch + 1) % tcfg["val_every"] == 0 or epoch + 1 == tcfg["epochs"]:
-            val = evaluate(model, val_loader, device, cfg)
-            row.update({"val_loss": val["loss"], "val_mean_iou": val["mean_iou"], "val_pixel_accuracy": val["pixel_accuracy"],
-                        "val_iou": val["iou"], "val_dice": val["dice"]})
-            if math.isfinite(val["mean_iou"]) and val["mean_iou"] > best:
-                best = val["mean_iou"]
-                if main:
-                    save_checkpoint(checkpoint(epoch + 1, 0, best), run_dir / "best.pt")
-        if main:
-            save_checkpoint(checkpoint(epoch + 1, 0, best), run_dir / "last.pt")
-            _write_metrics(run_dir, row)
-            if writer is not None:
-                for key, value in row.items():
-                    if isinstance(value, float):
-                        writer.add_scalar(key, value, step)
-            shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if not isinstance(v, list)}
-            tqdm.write(f"srforge: {json.dumps(shown)}")
         summary.update(row)
     summary["best_mean_iou"] = best
     if writer is not None:

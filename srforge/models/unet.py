@@ -5,6 +5,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from srforge.data.collate import round_up
 from srforge.models.norm import GroupNorm2d, level_mask
 
 
@@ -14,7 +15,7 @@ def _check_input(image: torch.Tensor, in_channels: int, divisor: int) -> None:
         raise ValueError(f"UNet expects image [B, {in_channels}, H, W], got shape {tuple(image.shape)}")
     for name, n in zip("HW", image.shape[2:]):
         if n % divisor:
-            padded = -(-n // divisor) * divisor
+            padded = round_up(n, divisor)
             raise ValueError(
                 f"UNet input {name}={n} is not a multiple of size_divisor={divisor}; pad {name} to {padded} "
                 f"(srforge.AlignedCollate does this) and pass the true sizes"

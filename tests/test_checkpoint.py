@@ -1,0 +1,49 @@
+"""Checkpoints: atomic writes, weights_only loading, clear errors for files that are not ours."""
+
+import pytest
+import torch
+
+from srforge import UNet
+from srforge.engine.checkpoint import (
+    load_checkpoint,
+    model_from_checkpoint,
+    save_checkpoint,
+)
+
+
+def _payload(model):
+    return {"model": model.state_dict(), "model_args": {"base_channels": 4, "depth": 2}, "size_divisor": 4,
+            "class_names": ["a", "b"], "epoch": 1}
+
+
+def test_round_trip_rebuilds_the_model(tmp_path):
+    model = UNet(base_channels=4, depth=2)
+    save_checkpoint(_payload(model), tmp_path / "last.pt")
+    rebuilt = model_from_checkpoint(load_checkpoint(tmp_path / "last.pt"))
+    assert not rebuilt.training and rebuilt.size_divisor == 4
+    for key, value in model.state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[key], value)
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_path):
+    model = UNet(base_channels=4, depth=2)
+    path = save_checkpoint(_payload(model), tmp_path / "last.pt")
+    before = path.read_bytes()
+    with pytest.raises(Exception):
+        save_checkpoint({**_payload(model), "epoch": lambda: 2}, path)  # a lambda cannot be pickled
+    assert path.read_bytes() == before and load_checkpoint(path)["epoch"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_files_that_are_not_srforge_checkpoints(tmp_path):
+    with pytest.raises(FileNotFoundError, match="Checkpoint not found"):
+        load_checkpoint(tmp_path / "missing.pt")
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=r"other.pt is not an srforge checkpoint: expected format 'srforge-checkpoint'"):
+        load_checkpoint(tmp_path / "other.pt")
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(ValueError, match=r"text.pt is not an srforge checkpoint: torch.load\(weights_only=True\) failed"):
+        load_checkpoint(tmp_path / "text.pt")
+    torch.save({"format": "srforge-checkpoint", "version": 1, "model": {}}, tmp_path / "partial.pt")
+    with pytest.raises(ValueError, match="incomplete srforge checkpoint: the field 'model_args' is missing"):
+        load_checkpoint(tmp_path / "partial.pt")
