@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from srforge.atomic import TEMP_SUFFIX
 from srforge.cli import main_predict
 from srforge.config import resolve
 from srforge.data.datasets import read_image
-from srforge.atomic import TEMP_SUFFIX
 from srforge.engine.predictor import Predictor
 from srforge.engine.tiling import tile_spans
 from srforge.engine.trainer import train
