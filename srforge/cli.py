@@ -132,7 +132,7 @@ def main_predict(argv=None) -> int:
         parser.error("--max-pixels must be >= 1")
     output = Path(args.output)
     try:
-        max_batch = 0 if args.max_batch is None else (args.max_batch or None)  # 0: by device; None: no cap
+        max_batch = "auto" if args.max_batch is None else (args.max_batch or None)  # --max-batch 0: no cap
         predictor = Predictor.from_checkpoint(args.checkpoint, args.device, args.precision, args.max_pixels,
                                               args.tile_overlap, max_batch)
         archive = ScanArchive(args.input, exclude=output)

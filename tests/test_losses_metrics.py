@@ -4,7 +4,7 @@ import torch
 
 from srforge import AlignedCollate, Entry
 from srforge.engine.losses import dice_loss, segmentation_loss
-from srforge.engine.metrics import confusion_matrix, scores
+from srforge.engine.metrics import class_map, confusion_matrix, scores
 
 
 def test_confusion_matrix_counts_only_labelled_pixels():
@@ -48,3 +48,11 @@ def test_a_batch_with_no_labelled_pixel_gives_a_finite_zero_loss_with_gradients(
     loss = segmentation_loss(logits, torch.full((1, 4, 4), 255), dice_weight=1.0)
     loss.backward()
     assert loss.item() == 0.0 and logits.grad is not None and not logits.grad.any()
+
+
+def test_class_map_equals_argmax_ties_included():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 3, (2, 4, 5, 6), generator=g).float()  # many ties
+    assert torch.equal(class_map(scores), scores.argmax(1))
+    assert torch.equal(class_map(scores[0], dim=0), scores[0].argmax(0))
+    assert class_map(torch.randn(1, 1, 2, 2)).eq(0).all()

