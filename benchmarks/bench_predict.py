@@ -140,7 +140,8 @@ def main() -> None:
     rss = {m: max(r["peak_rss_mib"] for r in rs) for m, rs in runs.items()}
     cuda = {m: max(r.get("peak_cuda_mib", 0) for r in rs) for m, rs in runs.items()}
     device = "cuda" if "peak_cuda_mib" in runs["loop"][0] else "cpu"
-    print(f"{args.n} scans at scale {args.scale}, UNet base {args.base_channels} depth {args.depth}, {device}, "
+    model = f"checkpoint {args.checkpoint}" if args.checkpoint else f"random UNet base {args.base_channels} depth {args.depth}"
+    print(f"{args.n} scans at scale {args.scale}, {model}, {device}, "
           f"grouped budget {runs['grouped'][0]['max_pixels']:,} px, median of {args.repeats}")
     print(f"{'mode':<9}{'scans/s':>10}{'peak RSS MiB':>14}" + (f"{'peak CUDA MiB':>15}" if device == "cuda" else ""))
     for m in runs:
