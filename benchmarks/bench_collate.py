@@ -8,7 +8,9 @@ widths 800-3200), uint8 and float32, it measures bytes of batch written per seco
 - per-sample ``F.pad`` to the batch size, then ``torch.stack`` (the obvious hand-written collate),
 
 in the main process and inside a DataLoader worker (where outputs go to shared memory, as default_collate's
-do). Methods run interleaved, batch by batch, and the median of each is reported with its ratio to stack.
+do). Inputs are prepared first; methods then run batch by batch in a rotating order, so that none always
+meets the memory allocator in the state another left, and the median of each is reported with its ratio
+to stack.
 
     python benchmarks/bench_collate.py [--batches 12] [--out benchmarks/results/bench_collate.json]
 """
@@ -49,8 +51,8 @@ def padded_shape(scans: list[torch.Tensor]) -> tuple[int, int]:
     return hp, wp
 
 
-def aligned(scans):
-    return AlignedCollate(divisor=DIVISOR, pad={"image": 0})([Entry(image=s) for s in scans]).image
+def aligned(entries):
+    return AlignedCollate(divisor=DIVISOR, pad={"image": 0})(entries).image
 
 
 def stack_reference(equal):
@@ -66,13 +68,17 @@ def pad_then_stack(scans):
 METHODS = {"AlignedCollate": aligned, "torch.stack (same bytes)": stack_reference, "F.pad + stack": pad_then_stack}
 
 
-def time_one(name: str, scans: list[torch.Tensor]) -> tuple[float, int]:
-    """(seconds, bytes written) of one method on one batch."""
+def inputs_for(name: str, scans: list[torch.Tensor]):
     if name == "torch.stack (same bytes)":
         hp, wp = padded_shape(scans)
-        inputs = [torch.ones(3, hp, wp, dtype=scans[0].dtype) for _ in scans]
-    else:
-        inputs = scans
+        return [torch.ones(3, hp, wp, dtype=scans[0].dtype) for _ in scans]
+    if name == "AlignedCollate":
+        return [Entry(image=s) for s in scans]
+    return scans
+
+
+def time_one(name: str, inputs) -> tuple[float, int]:
+    """(seconds, bytes written) of one method on one batch's prepared inputs."""
     start = time.perf_counter()
     out = METHODS[name](inputs)
     seconds = time.perf_counter() - start
@@ -89,19 +95,24 @@ class Batches(Dataset):
         return self.n
 
     def __getitem__(self, i):
-        return make_batch(i, self.dtype)
+        return make_batch(i, self.dtype), i
 
 
-def time_all(scans):
-    return {name: time_one(name, scans) for name in METHODS}
+def time_all(scans, index: int = 0):
+    """Every method on one batch: inputs prepared first, then timed in an order rotated by ``index``
+    so that no method always meets the allocator in the state the previous one left."""
+    inputs = {name: inputs_for(name, scans) for name in METHODS}
+    names = list(METHODS)
+    order = names[index % len(names):] + names[: index % len(names)]
+    return {name: time_one(name, inputs[name]) for name in order}
 
 
 def run(context: str, dtype: torch.dtype, batches: int) -> dict[str, float]:
     """Median GB/s per method."""
     if context == "main":
-        results = [time_all(make_batch(i, dtype)) for i in range(batches)]
+        results = [time_all(make_batch(i, dtype), i) for i in range(batches)]
     else:
-        loader = DataLoader(Batches(batches, dtype), batch_size=None, num_workers=1, collate_fn=time_all)
+        loader = DataLoader(Batches(batches, dtype), batch_size=None, num_workers=1, collate_fn=lambda item: time_all(*item))
         results = list(loader)
     return {name: statistics.median(r[name][1] / r[name][0] / 1e9 for r in results) for name in METHODS}
 
