@@ -32,7 +32,7 @@ from PIL import Image
 from torchvision.utils import draw_segmentation_masks
 from tqdm import tqdm
 
-from srforge.atomic import atomic_write, remove_stale_temporaries
+from srforge.atomic import atomic_write, atomic_write_text, remove_stale_temporaries
 from srforge.data.archive import ScanArchive
 from srforge.data.collate import AlignedCollate, crop_to_sizes, round_up
 from srforge.data.datasets import DataError
@@ -106,7 +106,7 @@ def output_paths(out_dir: Path, name: str) -> dict[str, Path]:
 def write_report(out_dir: Path, rows: list[dict], summary: dict, class_names: Sequence[str]) -> None:
     """report.json ({"summary", "scans"}) and report.csv (one row a scan, ``frac_<class>`` columns)."""
     text = json.dumps({"summary": summary, "scans": rows}, indent=1)
-    atomic_write(out_dir / "report.json", lambda f: f.write(text.encode()))
+    atomic_write_text(out_dir / "report.json", text)
     buffer = io.StringIO()
     fields = ["name", "status", "height", "width", "ms", "error"] + [f"frac_{c}" for c in class_names]
     writer = csv.DictWriter(buffer, fields)
@@ -114,7 +114,7 @@ def write_report(out_dir: Path, rows: list[dict], summary: dict, class_names: Se
     for row in rows:
         fractions = dict(zip(fields[6:], row["fractions"] or []))
         writer.writerow({**{k: row[k] for k in fields[:6]}, **fractions})
-    atomic_write(out_dir / "report.csv", lambda f: f.write(buffer.getvalue().encode()))
+    atomic_write_text(out_dir / "report.csv", buffer.getvalue())
 
 
 def _row(name, status, size=None, error=None, fractions=None, ms=None) -> dict:

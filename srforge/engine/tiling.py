@@ -30,7 +30,7 @@ def tile_spans(length: int, tile: int, overlap: int, divisor: int) -> list[tuple
         return [(0, length, 0, length)]
     step = max(divisor, _floor_to(tile - overlap, divisor))
     starts = list(range(0, length - tile, step))
-    last = -(-(length - tile) // divisor) * divisor  # the last tile ends at the scan's edge
+    last = round_up(length - tile, divisor)  # the last tile ends at the scan's edge
     if last > starts[-1]:
         starts.append(last)
     stops = [min(s + tile, length) for s in starts]
