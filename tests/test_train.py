@@ -162,7 +162,10 @@ def test_config_errors_from_the_command_line(tmp_path):
 
 def test_ctrl_c_writes_last_pt_and_the_run_resumes(tmp_path):
     args = [*TRAIN, "--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path, epochs=50)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    # A shell that starts jobs in the background makes them ignore SIGINT, and Python then installs no
+    # KeyboardInterrupt handler: give the child the default disposition, as a terminal would.
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 240
     while not metrics.exists() and time.time() < deadline and proc.poll() is None:
