@@ -88,6 +88,30 @@ def test_exact_resume_gives_bit_identical_weights(tmp_path):
     assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
 
 
+def test_resume_after_an_interrupt_mid_epoch_is_exact_too(tmp_path, monkeypatch):
+    import srforge.engine.trainer as trainer
+
+    train(_cfg(tmp_path / "straight"))
+    real_loss, calls = trainer.segmentation_loss, []
+
+    def interrupt_in_epoch_two(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:  # 3 training batches and 1 validation batch an epoch: epoch 2, second batch
+            raise KeyboardInterrupt
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "segmentation_loss", interrupt_in_epoch_two)
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(tmp_path / "cut"))
+    monkeypatch.setattr(trainer, "segmentation_loss", real_loss)
+    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert (saved["epoch"], saved["batches_done"], saved["step"]) == (1, 1, 4)
+    train(_cfg(tmp_path / "cut"), resume=tmp_path / "cut")
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "cut" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_non_finite_loss_names_the_step_and_samples(tmp_path):
     cfg = _cfg(tmp_path / "nan", epochs=1)
     cfg["data"]["dataset"]["args"] = {"n": 10, "nan_at": 4, "float_images": True}

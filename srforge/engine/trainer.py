@@ -7,7 +7,7 @@
 Exact resume: the batch order depends only on (seed, epoch), augmentation on (seed, epoch, sample), and the
 checkpoint holds model, optimizer, scheduler, scaler, step and RNG states, so on the CPU a run stopped after
 epoch 2 and resumed to epoch 4 ends with the same bits as one that ran 4 epochs straight. A Ctrl-C writes
-``last.pt`` at the batch it reached, and the resumed run skips the batches already done.
+``last.pt`` at the batch it reached, and the resumed run skips the batches already done: bit-identical too.
 
 Distributed: under ``torchrun`` each process takes its rank's batches (gloo on CPU, nccl on CUDA), gradients
 are averaged by DistributedDataParallel, losses and confusion matrices are summed across ranks, and only rank
