@@ -162,3 +162,20 @@ def test_split_spans_the_size_range_on_both_sides():
 def test_split_rejects_bad_fraction_or_too_few(fraction, n):
     with pytest.raises(ValueError, match="val_fraction|samples"):
         size_stratified_split(welllog_sizes(n), fraction)
+
+
+def test_more_jitter_mixes_batches_more_between_epochs():
+    rng = np.random.default_rng(0)
+    sizes = [(int(h), int(w)) for h, w in zip(rng.integers(480, 641, 600), rng.integers(3200, 12801, 600))]
+
+    def repeated_pairs(jitter):
+        sampler = SizeGroupedBatchSampler(sizes, batch_size=8, seed=1, jitter=jitter)
+        pairs = []
+        for epoch in (0, 1):
+            sampler.set_epoch(epoch)
+            pairs.append({frozenset((a, b)) for batch in sampler for a in batch for b in batch if a < b})
+        return len(pairs[0] & pairs[1]) / len(pairs[0])
+
+    assert repeated_pairs(0.2) < repeated_pairs(0.02)
+    with pytest.raises(ValueError, match="jitter must be >= 0"):
+        SizeGroupedBatchSampler(sizes, batch_size=8, jitter=-1)
