@@ -103,9 +103,6 @@ exit status: 0 every scan ok or skipped; 1 some scan failed or was rejected (or 
 
 def main_predict(argv=None) -> int:
     """Predict class masks for every scan of a folder, .zip or .tar(.gz) with a trained srforge checkpoint."""
-    import tarfile
-    import zipfile
-
     from srforge.data.archive import ScanArchive
     from srforge.engine.predictor import DEFAULT_MAX_PIXELS, Predictor, predict_archive
 
@@ -136,7 +133,7 @@ def main_predict(argv=None) -> int:
         predictor = Predictor.from_checkpoint(args.checkpoint, args.device, args.precision, args.max_pixels,
                                               args.tile_overlap, max_batch)
         archive = ScanArchive(args.input, exclude=output)
-    except (FileNotFoundError, ValueError, zipfile.BadZipFile, tarfile.TarError, RuntimeError) as exc:
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:  # ScanArchive wraps archive errors in DataError
         print(f"srforge-predict: error: {exc}", file=sys.stderr)
         return 2
     try:

@@ -25,7 +25,14 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from srforge.data.datasets import SUFFIXES, DataError, read_image, read_size
+from srforge.data.datasets import (
+    SUFFIXES,
+    DataError,
+    is_hidden,
+    read_image,
+    read_size,
+    scan_stem,
+)
 
 ARCHIVE_KINDS = "a folder, a .zip, or a .tar / .tar.gz / .tgz / .tar.bz2 / .tar.xz"
 
@@ -40,11 +47,6 @@ def _unsafe(name: str) -> str | None:
     if not name or any(not p for p in parts[:-1]):
         return "empty path component"
     return None
-
-
-def _decode_bytes(data: bytes, label: str, mode: str) -> torch.Tensor:
-    """read_image on a member's bytes held in memory: uint8 [C, H, W]; errors name ``label``."""
-    return read_image(io.BytesIO(data), mode, label=label)
 
 
 # What reading a damaged, encrypted or oddly compressed member can raise, besides DataError: zipfile raises
@@ -150,18 +152,17 @@ class ScanArchive:
             reason = reason or _unsafe(name)
             if reason == "directory":
                 continue
-            stem = PurePosixPath(name.replace("\\", "/"))
-            if reason is None and any(p.startswith(".") for p in stem.parts):
+            if reason is None and is_hidden(name):
                 continue  # hidden, like SegmentationFolder
-            if reason is None and stem.suffix.lower() not in SUFFIXES:
-                reason = f"not a scan: suffix {stem.suffix or '(none)'!r} is not one of {', '.join(SUFFIXES)}"
-            if reason is None and stem.with_suffix("").as_posix() in kept:
-                first = kept[stem.with_suffix("").as_posix()][0]
-                reason = f"same output name as {first!r} (both would write {stem.with_suffix('.png')}); rename one"
+            suffix, stem = PurePosixPath(name.replace("\\", "/")).suffix, scan_stem(name)
+            if reason is None and suffix.lower() not in SUFFIXES:
+                reason = f"not a scan: suffix {suffix or '(none)'!r} is not one of {', '.join(SUFFIXES)}"
+            if reason is None and stem in kept:
+                reason = f"same output name as {kept[stem][0]!r} (both would write {stem}.png); rename one"
             if reason is not None:
                 self.rejected.append((name, reason))
                 continue
-            kept[stem.with_suffix("").as_posix()] = (name, key)
+            kept[stem] = (name, key)
         ordered = sorted(kept.values(), key=lambda member: member[0])
         self.names = [name for name, _ in ordered]
         self._keys = [key for _, key in ordered]
@@ -215,7 +216,7 @@ class ScanArchive:
         data = self.read_bytes([i])[i] if data is None else data
         if isinstance(data, DataError):
             raise data
-        return _decode_bytes(data, self.label(i), mode)
+        return read_image(io.BytesIO(data), mode, label=self.label(i))
 
     def close(self) -> None:
         if self._handle is not None:

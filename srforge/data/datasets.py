@@ -10,7 +10,7 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
@@ -28,14 +28,27 @@ class DataError(ValueError):
     """A data file is missing, unreadable or inconsistent with its partner; the message names the file."""
 
 
+def scan_stem(relative) -> str:
+    """The name a scan goes by: its relative posix path without its suffix (``a/b.v1.png`` -> ``a/b.v1``).
+
+    Images pair with masks by it, and prediction writes ``masks/<stem>.png``: two files with one stem clash.
+    """
+    return PurePosixPath(str(relative).replace("\\", "/")).with_suffix("").as_posix()
+
+
+def is_hidden(relative) -> bool:
+    """Whether a relative path has a hidden part (``.cache/a.png``, ``.a.png``): such files are passed over."""
+    return any(part.startswith(".") for part in PurePosixPath(str(relative).replace("\\", "/")).parts)
+
+
 def _list_files(folder: Path) -> dict[str, Path]:
     """Image files under folder by relative stem (posix); hidden files and other suffixes are skipped."""
     found: dict[str, Path] = {}
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder)
-        if path.suffix.lower() not in SUFFIXES or any(p.startswith(".") for p in rel.parts) or not path.is_file():
+        if path.suffix.lower() not in SUFFIXES or is_hidden(rel) or not path.is_file():
             continue
-        key = rel.with_suffix("").as_posix()
+        key = scan_stem(rel)
         if key in found:
             raise DataError(f"{found[key]} and {path} have the same name {key!r}; keep one of them")
         found[key] = path

@@ -34,6 +34,11 @@ def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike) -> Path:
     return atomic_write(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **payload}, f), fsync=True)
 
 
+def class_names_or_default(names, num_classes: int) -> list[str]:
+    """The class names a checkpoint records: the given ones, or ``class_0 .. class_{K-1}``."""
+    return list(names) if names else [f"class_{c}" for c in range(num_classes)]
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
     """Read an srforge checkpoint with ``weights_only=True``; a clear ValueError for anything else."""
     path = Path(path)

@@ -35,9 +35,13 @@ from tqdm import tqdm
 from srforge.atomic import atomic_write, atomic_write_text, remove_stale_temporaries
 from srforge.data.archive import ScanArchive
 from srforge.data.collate import AlignedCollate, crop_to_sizes, round_up
-from srforge.data.datasets import DataError
+from srforge.data.datasets import DataError, scan_stem
 from srforge.data.sampling import SizeGroupedBatchSampler
-from srforge.engine.checkpoint import load_checkpoint, model_from_checkpoint
+from srforge.engine.checkpoint import (
+    class_names_or_default,
+    load_checkpoint,
+    model_from_checkpoint,
+)
 from srforge.engine.device import autocast, resolve_device
 from srforge.engine.metrics import class_map
 from srforge.engine.tiling import predict_tiled, tile_shape
@@ -96,8 +100,7 @@ def _save_png(array: np.ndarray, mode: str) -> Callable[[Any], None]:
 
 def output_paths(out_dir: Path, name: str) -> dict[str, Path]:
     """Where scan ``name`` (a safe relative path) writes each output."""
-    # The scan's suffix is replaced, never a dot inside its stem: scan.v1.tif and scan.v2.tif stay apart.
-    stem = Path(name).with_suffix("").as_posix()
+    stem = scan_stem(name)  # the key ScanArchive checks for clashes: scan.v1.tif and scan.v2.tif stay apart
     return {"mask": out_dir / "masks" / f"{stem}.png",
             "overlay": out_dir / "overlays" / f"{stem}.png",
             "probabilities": out_dir / "probabilities" / f"{stem}.npy"}
@@ -221,7 +224,8 @@ class Predictor:
     size-grouped batches of at most ``max_pixels`` padded pixels (default by device: DEFAULT_MAX_PIXELS).
     A scan whose aligned size alone exceeds the budget is tiled, tiles overlapping by ``overlap`` px
     (default 4 * size_divisor). ``max_batch`` caps scans per batch: "auto" (the default) takes the device's
-    DEFAULT_MAX_BATCH (1 on CPU, where batching measured slower; no cap on CUDA), None means no cap. ``precision``: fp32, bf16 or fp16 (autocast).
+    DEFAULT_MAX_BATCH (1 on CPU, where batching measured slower; no cap on CUDA), None means no cap.
+    ``precision``: fp32, bf16 or fp16 (autocast).
     """
 
     def __init__(self, model: torch.nn.Module, class_names: Sequence[str] | None = None, device="cpu",
@@ -232,7 +236,7 @@ class Predictor:
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.divisor, self.num_classes = model.size_divisor, model.num_classes
-        self.class_names = list(class_names or [f"class_{c}" for c in range(self.num_classes)])
+        self.class_names = class_names_or_default(class_names, self.num_classes)
         self.precision = precision
         self.max_pixels = int(max_pixels or DEFAULT_MAX_PIXELS.get(self.device.type, DEFAULT_MAX_PIXELS["cpu"]))
         if self.max_pixels < 4 * self.divisor**2:

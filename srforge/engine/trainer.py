@@ -39,7 +39,11 @@ from srforge.data.adapter import FieldView, dataset_sizes
 from srforge.data.augment import build_augmentation
 from srforge.data.collate import AlignedCollate
 from srforge.data.sampling import SizeGroupedBatchSampler, size_stratified_split
-from srforge.engine.checkpoint import load_checkpoint, save_checkpoint
+from srforge.engine.checkpoint import (
+    class_names_or_default,
+    load_checkpoint,
+    save_checkpoint,
+)
 from srforge.engine.device import autocast, resolve_device
 from srforge.engine.losses import segmentation_loss
 from srforge.engine.metrics import class_map, confusion_matrix, scores
@@ -249,7 +253,7 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
     model = UNet(**model_args).to(device)
     if tcfg["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
-    class_names = mcfg["class_names"] or [f"class_{c}" for c in range(mcfg["num_classes"])]
+    class_names = class_names_or_default(mcfg["class_names"], mcfg["num_classes"])
     collate = AlignedCollate(model.size_divisor, pad={"image": 0, "mask": dcfg["ignore_index"]})
     sampler = SizeGroupedBatchSampler(
         train_sizes, batch_size=dcfg["batch_size"], max_pixels=dcfg["max_pixels"], divisor=model.size_divisor,
