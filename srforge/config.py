@@ -87,6 +87,14 @@ CHOICES = {
 }
 
 
+# Integer keys and their smallest valid value (null, where allowed, is checked by type).
+MINIMUMS = {
+    "data.num_workers": 0, "model.in_channels": 1, "model.num_classes": 1, "model.base_channels": 1,
+    "model.depth": 1, "train.epochs": 1, "train.val_every": 1, "data.batch_size": 1, "data.max_pixels": 1,
+    "train.stop_after": 1,
+}
+
+
 class ConfigError(ValueError):
     """A config that cannot run; the message names the key path."""
 
@@ -155,14 +163,10 @@ def _check_values(cfg: dict) -> None:
     data, model, train = cfg["data"], cfg["model"], cfg["train"]
     if (data["batch_size"] is None) == (data["max_pixels"] is None):
         raise ConfigError("data.batch_size and data.max_pixels: set exactly one (the other to null).")
-    positive = ["data.num_workers+", "model.in_channels", "model.num_classes", "model.base_channels", "model.depth",
-                "train.epochs", "train.val_every", "data.batch_size", "data.max_pixels", "train.stop_after"]
-    for path in positive:
-        zero_ok = path.endswith("+")
-        path = path.rstrip("+")
+    for path, least in MINIMUMS.items():
         value = get(cfg, path)
-        if value is not None and (value < 0 if zero_ok else value < 1):
-            raise ConfigError(f"{path}: expected an integer >= {0 if zero_ok else 1}, found {value}.")
+        if value is not None and value < least:
+            raise ConfigError(f"{path}: expected an integer >= {least}, found {value}.")
     if not 0 < data["val_fraction"] < 1:
         raise ConfigError(f"data.val_fraction: expected a number between 0 and 1, found {data['val_fraction']}.")
     if not train["lr"] > 0:
