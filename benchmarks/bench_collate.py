@@ -39,7 +39,10 @@ DIVISOR = 32
 def make_batch(index: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """16 scans [3, H, W], H in 120-160, W in 800-3200, deterministic by index."""
     g = torch.Generator().manual_seed(index)
-    sizes = [(int(torch.randint(120, 161, (), generator=g)), int(torch.randint(800, 3201, (), generator=g))) for _ in range(BATCH)]
+    sizes = [
+        (int(torch.randint(120, 161, (), generator=g)), int(torch.randint(800, 3201, (), generator=g)))
+        for _ in range(BATCH)
+    ]
     if dtype == torch.uint8:
         return [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes]
     return [torch.rand(3, h, w, generator=g) for h, w in sizes]
@@ -103,7 +106,7 @@ def time_all(scans, index: int = 0):
     so that no method always meets the allocator in the state the previous one left."""
     inputs = {name: inputs_for(name, scans) for name in METHODS}
     names = list(METHODS)
-    order = names[index % len(names):] + names[: index % len(names)]
+    order = names[index % len(names) :] + names[: index % len(names)]
     return {name: time_one(name, inputs[name]) for name in order}
 
 
@@ -112,15 +115,21 @@ def run(context: str, dtype: torch.dtype, batches: int) -> dict[str, float]:
     if context == "main":
         results = [time_all(make_batch(i, dtype), i) for i in range(batches)]
     else:
-        loader = DataLoader(Batches(batches, dtype), batch_size=None, num_workers=1, collate_fn=lambda item: time_all(*item))
+        loader = DataLoader(
+            Batches(batches, dtype), batch_size=None, num_workers=1, collate_fn=lambda item: time_all(*item)
+        )
         results = list(loader)
     return {name: statistics.median(r[name][1] / r[name][0] / 1e9 for r in results) for name in METHODS}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=12, help="batches per dtype and context (first one is a warm-up)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (collation runs in one thread per worker)")
+    parser.add_argument(
+        "--batches", type=int, default=12, help="batches per dtype and context (first one is a warm-up)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (collation runs in one thread per worker)"
+    )
     parser.add_argument("--out", default="benchmarks/results/bench_collate.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -133,7 +142,15 @@ def main(argv: list[str] | None = None) -> int:
             ref = rates["torch.stack (same bytes)"]
             for name, rate in rates.items():
                 print(f"{context:8} {str(dtype).removeprefix('torch.'):8} {name:26} {rate:7.2f} {rate / ref:8.2f}x")
-                report["rows"].append({"context": context, "dtype": str(dtype), "method": name, "GBps": rate, "ratio_to_stack": rate / ref})
+                report["rows"].append(
+                    {
+                        "context": context,
+                        "dtype": str(dtype),
+                        "method": name,
+                        "GBps": rate,
+                        "ratio_to_stack": rate / ref,
+                    }
+                )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     return 0

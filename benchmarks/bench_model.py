@@ -112,26 +112,39 @@ def main() -> None:
     norm_only = norm_ratio(args.base_channels, image, true_sizes, args.repeats)
 
     results = {
-        "batch_shape": list(image.shape), "scan_sizes": sizes, "base_channels": args.base_channels,
-        "depth": args.depth, "parameters": sum(p.numel() for p in model.parameters()),
-        "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.processor(),
-        "step_seconds": {"plain": t_plain, "padding_aware": t_aware}, "step_seconds_all": {"plain": plain,
-                                                                                          "padding_aware": aware},
-        "aware_over_plain": ratio, "norm_layer_aware_over_plain": norm_only,
-        "flops_per_pixel_forward": forward_flops / pixels, "flops_per_pixel_step": step_flops / pixels,
+        "batch_shape": list(image.shape),
+        "scan_sizes": sizes,
+        "base_channels": args.base_channels,
+        "depth": args.depth,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.processor(),
+        "step_seconds": {"plain": t_plain, "padding_aware": t_aware},
+        "step_seconds_all": {"plain": plain, "padding_aware": aware},
+        "aware_over_plain": ratio,
+        "norm_layer_aware_over_plain": norm_only,
+        "flops_per_pixel_forward": forward_flops / pixels,
+        "flops_per_pixel_step": step_flops / pixels,
         "matmul_peak_flops": peak,
         "achieved_flops": {"plain": step_flops / t_plain, "padding_aware": step_flops / t_aware},
         "fraction_of_peak": {"plain": step_flops / t_plain / peak, "padding_aware": step_flops / t_aware / peak},
     }
-    print(f"batch {list(image.shape)} from scans {sizes}; UNet base {args.base_channels} depth {args.depth}, "
-          f"{results['parameters'] / 1e6:.2f} M parameters, {results['threads']} threads")
-    print(f"FLOPs per padded pixel: forward {forward_flops / pixels / 1e3:.1f} k, forward+backward "
-          f"{step_flops / pixels / 1e3:.1f} k; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (n={args.matmul_size})")
+    print(
+        f"batch {list(image.shape)} from scans {sizes}; UNet base {args.base_channels} depth {args.depth}, "
+        f"{results['parameters'] / 1e6:.2f} M parameters, {results['threads']} threads"
+    )
+    print(
+        f"FLOPs per padded pixel: forward {forward_flops / pixels / 1e3:.1f} k, forward+backward "
+        f"{step_flops / pixels / 1e3:.1f} k; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (n={args.matmul_size})"
+    )
     print(f"{'':28}{'plain GroupNorm':>17}{'padding-aware':>15}{'aware/plain':>13}")
     print(f"{'fwd+bwd seconds (median)':28}{t_plain:17.3f}{t_aware:15.3f}{ratio:12.2f}x   (goal <= 1.3x)")
     print(f"{'achieved GFLOP/s':28}{step_flops / t_plain / 1e9:17.1f}{step_flops / t_aware / 1e9:15.1f}")
-    print(f"{'fraction of matmul peak':28}{results['fraction_of_peak']['plain']:17.3f}"
-          f"{results['fraction_of_peak']['padding_aware']:15.3f}")
+    print(
+        f"{'fraction of matmul peak':28}{results['fraction_of_peak']['plain']:17.3f}"
+        f"{results['fraction_of_peak']['padding_aware']:15.3f}"
+    )
     print(f"{'norm layer alone':28}{'':32}{norm_only:12.2f}x   ([B, {args.base_channels}, Hp, Wp], fwd+bwd)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -7,6 +7,7 @@ together again in epoch 1: how much the batches stay the same from epoch to epoc
 
     python benchmarks/bench_padding.py [--n 4000] [--batch-size 16] [--out benchmarks/results/bench_padding.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ def waste(batches, sizes: np.ndarray, divisor: int) -> float:
 def pair_repeat(first, second) -> float:
     def pairs(batches):
         return {p for b in batches for p in itertools.combinations(sorted(b), 2)}
+
     a = pairs(first)
     return len(a & pairs(second)) / max(1, len(a))
 
@@ -51,19 +53,32 @@ def main(argv=None) -> int:
 
     def random_batches(epoch):
         order = np.random.default_rng([args.seed, epoch]).permutation(args.n)
-        return [order[i:i + bs].tolist() for i in range(0, args.n, bs)]
-    rows.append({"strategy": "random batches", "waste": waste(random_batches(0), sizes, d),
-                 "pair_repeat": pair_repeat(random_batches(0), random_batches(1))})
+        return [order[i : i + bs].tolist() for i in range(0, args.n, bs)]
+
+    rows.append(
+        {
+            "strategy": "random batches",
+            "waste": waste(random_batches(0), sizes, d),
+            "pair_repeat": pair_repeat(random_batches(0), random_batches(1)),
+        }
+    )
 
     # A budget of batch_size times the mean aligned scan gives ~batch_size scans per batch.
     budget = int(bs * (-(-sizes // d) * d).prod(axis=1).mean())
-    for label, kwargs in [(f"grouped, pool {p}", {"batch_size": bs, "pool_size": p}) for p in (256, 1024, 2048, 4096)] \
-            + [(f"pixel budget {budget / 1e6:.0f} Mpx, pool 4096", {"max_pixels": budget})]:
+    for label, kwargs in [
+        (f"grouped, pool {p}", {"batch_size": bs, "pool_size": p}) for p in (256, 1024, 2048, 4096)
+    ] + [(f"pixel budget {budget / 1e6:.0f} Mpx, pool 4096", {"max_pixels": budget})]:
         sampler = SizeGroupedBatchSampler(sizes.tolist(), divisor=d, seed=args.seed, **kwargs)
         epoch0 = list(sampler)
         sampler.set_epoch(1)
-        rows.append({"strategy": label, "waste": waste(epoch0, sizes, d), "pair_repeat": pair_repeat(epoch0, list(sampler)),
-                     "mean_batch": float(np.mean([len(b) for b in epoch0]))})
+        rows.append(
+            {
+                "strategy": label,
+                "waste": waste(epoch0, sizes, d),
+                "pair_repeat": pair_repeat(epoch0, list(sampler)),
+                "mean_batch": float(np.mean([len(b) for b in epoch0])),
+            }
+        )
 
     floor = rows[0]["waste"]
     print(f"{args.n} sizes, H 480-640, W 3200-12800, batch {bs}, divisor {d}")
@@ -76,7 +91,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps({"n": args.n, "batch_size": bs, "divisor": d, "max_pixels": budget, "rows": rows}, indent=2))
+    tmp.write_text(
+        json.dumps({"n": args.n, "batch_size": bs, "divisor": d, "max_pixels": budget, "rows": rows}, indent=2)
+    )
     os.replace(tmp, out)
     print(f"wrote {out}")
     return 0

@@ -17,6 +17,7 @@ prediction.
     python benchmarks/bench_predict.py                          # ~2 min on 2 CPU cores
     python benchmarks/bench_predict.py --device cuda --n 200 --scale 0.5 --out /tmp/bench.json
 """
+
 import argparse
 import json
 import platform
@@ -56,17 +57,26 @@ def make_inputs(work: Path, n: int, scale: float, base_channels: int, depth: int
     torch.manual_seed(0)
     args = {"in_channels": 3, "num_classes": 2, "base_channels": base_channels, "depth": depth}
     model = UNet(**args)
-    ckpt = save_checkpoint({"model": model.state_dict(), "model_args": args, "size_divisor": model.size_divisor,
-                            "class_names": ["background", "curve"], "ignore_index": 255, "config": {}},
-                           work / "random.pt")
+    ckpt = save_checkpoint(
+        {
+            "model": model.state_dict(),
+            "model_args": args,
+            "size_divisor": model.size_divisor,
+            "class_names": ["background", "curve"],
+            "ignore_index": 255,
+            "config": {},
+        },
+        work / "random.pt",
+    )
     return archive, ckpt
 
 
 def child(mode: str, archive_path: str, ckpt: str, device: str, max_pixels: int | None, out: str) -> dict:
     """One timed run of ``mode`` (after a one-scan warm-up); returns scans/s and peak memory."""
     # "grouped" is the default (on CPU at most one scan a batch); "batched" lifts the cap to show why.
-    predictor = Predictor.from_checkpoint(ckpt, device=device, max_pixels=max_pixels,
-                                          max_batch=None if mode == "batched" else "auto")
+    predictor = Predictor.from_checkpoint(
+        ckpt, device=device, max_pixels=max_pixels, max_batch=None if mode == "batched" else "auto"
+    )
     with ScanArchive(archive_path) as archive:
         predictor.probabilities([archive.read(0, predictor.image_mode)])  # warm-up: allocator, kernels
         if predictor.device.type == "cuda":
@@ -82,8 +92,14 @@ def child(mode: str, archive_path: str, ckpt: str, device: str, max_pixels: int 
             assert summary["ok"] == len(archive), summary
         seconds = time.perf_counter() - start
         n = len(archive)
-    result = {"mode": mode, "scans": n, "seconds": seconds, "scans_per_second": n / seconds,
-              "max_pixels": predictor.max_pixels, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    result = {
+        "mode": mode,
+        "scans": n,
+        "seconds": seconds,
+        "scans_per_second": n / seconds,
+        "max_pixels": predictor.max_pixels,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
     if predictor.device.type == "cuda":
         result["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20
     return result
@@ -129,8 +145,17 @@ def main() -> None:
         runs: dict[str, list[dict]] = {"loop": [], "grouped": [], "batched": []}
         for r in range(args.repeats):
             for mode in runs:
-                cmd = [sys.executable, __file__, "--device", args.device, "--child", mode, str(archive), str(ckpt),
-                       str(work / f"out_{mode}_{r}")]
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--device",
+                    args.device,
+                    "--child",
+                    mode,
+                    str(archive),
+                    str(ckpt),
+                    str(work / f"out_{mode}_{r}"),
+                ]
                 cmd += ["--max-pixels", str(args.max_pixels)] if args.max_pixels and mode != "loop" else []
                 done = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 runs[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -140,24 +165,45 @@ def main() -> None:
     rss = {m: max(r["peak_rss_mib"] for r in rs) for m, rs in runs.items()}
     cuda = {m: max(r.get("peak_cuda_mib", 0) for r in rs) for m, rs in runs.items()}
     device = "cuda" if "peak_cuda_mib" in runs["loop"][0] else "cpu"
-    model = f"checkpoint {args.checkpoint}" if args.checkpoint else f"random UNet base {args.base_channels} depth {args.depth}"
-    print(f"{args.n} scans at scale {args.scale}, {model}, {device}, "
-          f"grouped budget {runs['grouped'][0]['max_pixels']:,} px, median of {args.repeats}")
+    model = (
+        f"checkpoint {args.checkpoint}"
+        if args.checkpoint
+        else f"random UNet base {args.base_channels} depth {args.depth}"
+    )
+    print(
+        f"{args.n} scans at scale {args.scale}, {model}, {device}, "
+        f"grouped budget {runs['grouped'][0]['max_pixels']:,} px, median of {args.repeats}"
+    )
     print(f"{'mode':<9}{'scans/s':>10}{'peak RSS MiB':>14}" + (f"{'peak CUDA MiB':>15}" if device == "cuda" else ""))
     for m in runs:
         print(f"{m:<9}{speed[m]:>10.2f}{rss[m]:>14.0f}" + (f"{cuda[m]:>15.0f}" if device == "cuda" else ""))
     ratio = speed["grouped"] / speed["loop"]
     goal = 3.0 if device == "cuda" else 0.95
-    print(f"grouped (default) / loop: {ratio:.2f}x scans/s (goal >= {goal}x: {'met' if ratio >= goal else 'NOT met'}); "
-          f"memory {rss['grouped'] / rss['loop']:.2f}x")
-    print(f"batched (no cap on scans per batch) / loop: {speed['batched'] / speed['loop']:.2f}x scans/s; "
-          f"memory {rss['batched'] / rss['loop']:.2f}x")
-    print(f"tiled vs whole: {tiling['fraction_differing']:.4%} of {tiling['pixels']:,} pixels differ "
-          f"({tiling['scans']} scans, budget a third of each scan{', random weights' if not args.checkpoint else ''})")
-    result = {"config": {k: v for k, v in vars(args).items() if k != "child"}, "device": device,
-              "platform": platform.platform(), "torch": torch.__version__, "runs": runs, "scans_per_second": speed,
-              "peak_rss_mib": rss, "peak_cuda_mib": cuda if device == "cuda" else None, "ratio": ratio,
-              "goal": goal, "tiled_vs_whole": tiling}
+    print(
+        f"grouped (default) / loop: {ratio:.2f}x scans/s (goal >= {goal}x: {'met' if ratio >= goal else 'NOT met'}); "
+        f"memory {rss['grouped'] / rss['loop']:.2f}x"
+    )
+    print(
+        f"batched (no cap on scans per batch) / loop: {speed['batched'] / speed['loop']:.2f}x scans/s; "
+        f"memory {rss['batched'] / rss['loop']:.2f}x"
+    )
+    print(
+        f"tiled vs whole: {tiling['fraction_differing']:.4%} of {tiling['pixels']:,} pixels differ "
+        f"({tiling['scans']} scans, budget a third of each scan{', random weights' if not args.checkpoint else ''})"
+    )
+    result = {
+        "config": {k: v for k, v in vars(args).items() if k != "child"},
+        "device": device,
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "runs": runs,
+        "scans_per_second": speed,
+        "peak_rss_mib": rss,
+        "peak_cuda_mib": cuda if device == "cuda" else None,
+        "ratio": ratio,
+        "goal": goal,
+        "tiled_vs_whole": tiling,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

@@ -1,7 +1,8 @@
 """How fast are synthetic well-log scans made (generated and written as PNG image + mask)?
 
-    python benchmarks/bench_synthetic.py [--scales 1 0.125] [--seconds 10] [--out benchmarks/results/bench_synthetic.json]
+python benchmarks/bench_synthetic.py [--scales 1 0.125] [--seconds 10] [--out benchmarks/results/bench_synthetic.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,10 @@ def main(argv=None) -> int:
                 welllog_scan(i, scale=scale)
             generate = time.perf_counter() - start
         rows.append({"scale": scale, "scans": n, "scans_per_s": n / total, "generate_only_scans_per_s": n / generate})
-        print(f"scale {scale:g}: {n / total:7.2f} scans/s written (generation alone {n / generate:7.2f} scans/s), {n} scans")
+        print(
+            f"scale {scale:g}: {n / total:7.2f} scans/s written "
+            f"(generation alone {n / generate:7.2f} scans/s), {n} scans"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -110,17 +110,27 @@ def main(argv: list[str] | None = None) -> int:
             "batch 1 (own multiple of 32)": [[i] for i in range(len(sizes))],
             "batch 16, random order": random16,
             "batch 16, size-grouped": list(SizeGroupedBatchSampler(sizes, batch_size=16, seed=0)),
-            f"pixel budget {args.max_pixels:,}": list(SizeGroupedBatchSampler(sizes, max_pixels=args.max_pixels, seed=0)),
+            f"pixel budget {args.max_pixels:,}": list(
+                SizeGroupedBatchSampler(sizes, max_pixels=args.max_pixels, seed=0)
+            ),
         }
         # Warm-up (allocator, first touch of the weights) on the largest batch any strategy will see.
         warm = torch.optim.AdamW(model.parameters(), lr=1e-4)
         step(model, warm, collate([dataset[i] for i in strategies["batch 16, random order"][0]]))
         rows = []
         for name, batches in strategies.items():
-            padded = sum(len(b) * max(-(-sizes[i][0] // 32) * 32 for i in b) * max(-(-sizes[i][1] // 32) * 32 for i in b) for b in batches)
+            padded = sum(
+                len(b) * max(-(-sizes[i][0] // 32) * 32 for i in b) * max(-(-sizes[i][1] // 32) * 32 for i in b)
+                for b in batches
+            )
             rate = epoch(model, loader(batches))
-            rows.append({"strategy": name, "batches": len(batches), "padding_waste": padded / real - 1, "real_px_per_s": rate})
-            print(f"{name:32} {len(batches):4d} batches  waste {padded / real - 1:6.1%}  {rate:10,.0f} real px/s", flush=True)
+            rows.append(
+                {"strategy": name, "batches": len(batches), "padding_waste": padded / real - 1, "real_px_per_s": rate}
+            )
+            print(
+                f"{name:32} {len(batches):4d} batches  waste {padded / real - 1:6.1%}  {rate:10,.0f} real px/s",
+                flush=True,
+            )
         base = rows[0]["real_px_per_s"]
         for row in rows:
             row["vs_batch1"] = row["real_px_per_s"] / base
@@ -130,24 +140,37 @@ def main(argv: list[str] | None = None) -> int:
         wait_share = sum(w for w, _ in waits) / sum(t for _, t in waits)
 
         bare = bare_batch1(model, dataset)
-        cfg = resolve({
-            "run": {"dir": str(Path(tmp) / "run"), "seed": 0},
-            "data": {"dataset": {"args": {"root": str(root), "num_classes": 2}}, "batch_size": 1, "val_fraction": 0.1},
-            "model": {"base_channels": args.base_channels, "depth": 5},
-            "train": {"epochs": 1, "lr": 1e-4, "warmup_steps": 1},
-        })
+        cfg = resolve(
+            {
+                "run": {"dir": str(Path(tmp) / "run"), "seed": 0},
+                "data": {
+                    "dataset": {"args": {"root": str(root), "num_classes": 2}},
+                    "batch_size": 1,
+                    "val_fraction": 0.1,
+                },
+                "model": {"base_channels": args.base_channels, "depth": 5},
+                "train": {"epochs": 1, "lr": 1e-4, "warmup_steps": 1},
+            }
+        )
         trainer = train(cfg)["real_pixels_per_s"]
 
     print()
     print(f"{'strategy':32} {'real px/s':>12} {'vs batch 1':>11} {'padding waste':>14}")
     for row in rows:
-        print(f"{row['strategy']:32} {row['real_px_per_s']:12,.0f} {row['vs_batch1']:10.2f}x {row['padding_waste']:13.1%}")
+        print(
+            f"{row['strategy']:32} {row['real_px_per_s']:12,.0f} {row['vs_batch1']:10.2f}x {row['padding_waste']:13.1%}"
+        )
     print(f"data wait with 2 workers (pixel budget): {wait_share:.1%} of step time")
     print(f"trainer (batch 1) {trainer:,.0f} real px/s vs bare model batch 1 {bare:,.0f}: {trainer / bare:.2f}x")
     report = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
-        "scans": len(sizes), "base_channels": args.base_channels, "rows": rows, "data_wait_share_2_workers": wait_share,
-        "trainer_real_px_per_s": trainer, "bare_batch1_real_px_per_s": bare, "trainer_vs_bare": trainer / bare,
+        "scans": len(sizes),
+        "base_channels": args.base_channels,
+        "rows": rows,
+        "data_wait_share_2_workers": wait_share,
+        "trainer_real_px_per_s": trainer,
+        "bare_batch1_real_px_per_s": bare,
+        "trainer_vs_bare": trainer / bare,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))

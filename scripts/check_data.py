@@ -1,4 +1,5 @@
 """Thin wrapper over srforge.cli.main_check_data; runs from a checkout without installing."""
+
 import sys
 from pathlib import Path
 

@@ -1,4 +1,7 @@
-"""Predict masks for a folder / .zip / .tar of scans: python scripts/predict.py --checkpoint CKPT --input PATH --output DIR"""
+"""Predict masks for a folder / .zip / .tar of scans.
+
+    python scripts/predict.py --checkpoint CKPT --input PATH --output DIR
+"""
 
 import sys
 from pathlib import Path

@@ -1,10 +1,13 @@
 """Command-line entry points; scripts/*.py and the console scripts are thin wrappers over these."""
+
 from __future__ import annotations
 
 import argparse
 import sys
 import time
 from pathlib import Path
+
+from srforge.defaults import IGNORE_INDEX, PRECISIONS
 
 
 def main_make_synthetic(argv=None) -> int:
@@ -14,21 +17,32 @@ def main_make_synthetic(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="make_synthetic", description=main_make_synthetic.__doc__)
     parser.add_argument("out_dir", help="folder to write images/ and masks/ into")
     parser.add_argument("-n", "--num", type=int, default=40, help="number of scans (default 40)")
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="size factor: 1 gives 3,200-12,800 x 480-640 px scans, 0.125 an eighth (default 1)")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="size factor: 1 gives 3,200-12,800 x 480-640 px scans, 0.125 an eighth (default 1)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--classes", choices=sorted(CLASSES), default="binary",
-                        help="binary: curve=1; multiclass: solid=1, dashed=2, dotted=3 (default binary)")
+    parser.add_argument(
+        "--classes",
+        choices=sorted(CLASSES),
+        default="binary",
+        help="binary: curve=1; multiclass: solid=1, dashed=2, dotted=3 (default binary)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="parallel processes (default 1)")
     args = parser.parse_args(argv)
     if args.num < 1 or args.scale <= 0:
         parser.error("--num must be >= 1 and --scale > 0")
     start = time.perf_counter()
-    paths = make_welllog_scans(args.out_dir, args.num, scale=args.scale, seed=args.seed, classes=args.classes,
-                               workers=args.workers)
+    paths = make_welllog_scans(
+        args.out_dir, args.num, scale=args.scale, seed=args.seed, classes=args.classes, workers=args.workers
+    )
     seconds = time.perf_counter() - start
-    print(f"wrote {len(paths)} scans to {args.out_dir} in {seconds:.1f} s ({len(paths) / seconds:.1f} scans/s); "
-          f"classes: {', '.join(CLASSES[args.classes])}")
+    print(
+        f"wrote {len(paths)} scans to {args.out_dir} in {seconds:.1f} s ({len(paths) / seconds:.1f} scans/s); "
+        f"classes: {', '.join(CLASSES[args.classes])}"
+    )
     return 0
 
 
@@ -41,11 +55,17 @@ def main_check_data(argv=None) -> int:
     parser.add_argument("--images", default="images", help="image subfolder (default images)")
     parser.add_argument("--masks", default="masks", help="mask subfolder (default masks)")
     parser.add_argument("--num-classes", type=int, default=None, help="mask values must be below this")
-    parser.add_argument("--ignore-index", type=int, default=255, help="mask value exempt from --num-classes")
+    parser.add_argument("--ignore-index", type=int, default=IGNORE_INDEX, help="mask value exempt from --num-classes")
     parser.add_argument("--image-mode", default="RGB", help="PIL mode images are converted to (default RGB)")
     args = parser.parse_args(argv)
-    count, problems = check_folder(args.root, args.images, args.masks, num_classes=args.num_classes,
-                                   ignore_index=args.ignore_index, image_mode=args.image_mode)
+    count, problems = check_folder(
+        args.root,
+        args.images,
+        args.masks,
+        num_classes=args.num_classes,
+        ignore_index=args.ignore_index,
+        image_mode=args.image_mode,
+    )
     for problem in problems:
         print(problem, file=sys.stderr)
     print(f"{args.root}: {count} pairs checked, {len(problems)} problem(s)")
@@ -59,8 +79,12 @@ def main_train(argv=None) -> int:
     from srforge.engine.trainer import NonFiniteLossError, train
 
     parser = argparse.ArgumentParser(prog="srforge-train", description=main_train.__doc__)
-    parser.add_argument("--config", help="YAML config (default: configs/quickstart.yaml, or the run's own config with --resume)")
-    parser.add_argument("--resume", metavar="RUN_DIR|CKPT", help="continue a run from RUN_DIR/last.pt or a checkpoint file")
+    parser.add_argument(
+        "--config", help="YAML config (default: configs/quickstart.yaml, or the run's own config with --resume)"
+    )
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR|CKPT", help="continue a run from RUN_DIR/last.pt or a checkpoint file"
+    )
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides, values read as YAML")
     args = parser.parse_args(argv)
     try:
@@ -82,8 +106,10 @@ def main_train(argv=None) -> int:
         return 130
     if summary.get("val_iou") is not None:
         per_class = ", ".join(f"{n} {v:.4f}" for n, v in zip(summary["class_names"], summary["val_iou"]))
-        print(f"srforge: done. validation IoU {per_class} (mean {summary['val_mean_iou']:.4f}); "
-              f"best validation mean IoU {summary['best_mean_iou']:.4f}; run directory {summary['run_dir']}")
+        print(
+            f"srforge: done. validation IoU {per_class} (mean {summary['val_mean_iou']:.4f}); "
+            f"best validation mean IoU {summary['best_mean_iou']:.4f}; run directory {summary['run_dir']}"
+        )
     return 0
 
 
@@ -106,19 +132,35 @@ def main_predict(argv=None) -> int:
     from srforge.data.archive import ScanArchive
     from srforge.engine.predictor import DEFAULT_MAX_PIXELS, Predictor, predict_archive
 
-    parser = argparse.ArgumentParser(prog="srforge-predict", description=main_predict.__doc__, epilog=_PREDICT_EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="srforge-predict",
+        description=main_predict.__doc__,
+        epilog=_PREDICT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--checkpoint", required=True, help="checkpoint written by srforge-train (last.pt, best.pt)")
     parser.add_argument("--input", required=True, help="folder (searched recursively), .zip, .tar or .tar.gz of scans")
     parser.add_argument("--output", required=True, help="folder for masks/, overlays/, probabilities/, report.*")
-    parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ... (default auto)")
-    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype (default fp32)")
-    parser.add_argument("--max-pixels", type=int, default=None,
-                        help=f"padded pixels per batch; larger scans are tiled (default {DEFAULT_MAX_PIXELS['cpu']:,} "
-                             f"on CPU, {DEFAULT_MAX_PIXELS['cuda']:,} on CUDA)")
-    parser.add_argument("--max-batch", type=int, default=None,
-                        help="scans per batch at most, 0 for no cap (default 1 on CPU, where batching is slower; none on CUDA)")
-    parser.add_argument("--tile-overlap", type=int, default=None, help="overlap of tiles in px (default 4 x size divisor)")
+    parser.add_argument(
+        "--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ... (default auto)"
+    )
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="autocast dtype (default fp32)")
+    parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        help=f"padded pixels per batch; larger scans are tiled (default {DEFAULT_MAX_PIXELS['cpu']:,} "
+        f"on CPU, {DEFAULT_MAX_PIXELS['cuda']:,} on CUDA)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="scans per batch at most, 0 for no cap (default 1 on CPU, where batching is slower; none on CUDA)",
+    )
+    parser.add_argument(
+        "--tile-overlap", type=int, default=None, help="overlap of tiles in px (default 4 x size divisor)"
+    )
     parser.add_argument("--overlay", action="store_true", help="also write overlays/")
     parser.add_argument("--probabilities", action="store_true", help="also write probabilities/ (float16 .npy)")
     parser.add_argument("--overwrite", action="store_true", help="predict again scans whose outputs exist")
@@ -130,21 +172,31 @@ def main_predict(argv=None) -> int:
     output = Path(args.output)
     try:
         max_batch = "auto" if args.max_batch is None else (args.max_batch or None)  # --max-batch 0: no cap
-        predictor = Predictor.from_checkpoint(args.checkpoint, args.device, args.precision, args.max_pixels,
-                                              args.tile_overlap, max_batch)
+        predictor = Predictor.from_checkpoint(
+            args.checkpoint, args.device, args.precision, args.max_pixels, args.tile_overlap, max_batch
+        )
         archive = ScanArchive(args.input, exclude=output)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:  # ScanArchive wraps archive errors in DataError
         print(f"srforge-predict: error: {exc}", file=sys.stderr)
         return 2
     try:
         with archive:
-            summary = predict_archive(predictor, archive, output, overlay=args.overlay,
-                                      probabilities=args.probabilities, overwrite=args.overwrite,
-                                      strict=args.strict, progress=not args.no_progress)
+            summary = predict_archive(
+                predictor,
+                archive,
+                output,
+                overlay=args.overlay,
+                probabilities=args.probabilities,
+                overwrite=args.overwrite,
+                strict=args.strict,
+                progress=not args.no_progress,
+            )
     except KeyboardInterrupt:
         return 130
-    print(f"srforge-predict: {summary['scans']} scans: {summary['ok']} ok, {summary['skipped']} skipped, "
-          f"{summary['failed']} failed, {summary['rejected']} rejected"
-          f"{' (stopped at the first failure: --strict)' if summary['stopped_early'] else ''}; "
-          f"{summary['scans_per_second'] or 0:.2f} scans/s; report: {output / 'report.json'}")
+    print(
+        f"srforge-predict: {summary['scans']} scans: {summary['ok']} ok, {summary['skipped']} skipped, "
+        f"{summary['failed']} failed, {summary['rejected']} rejected"
+        f"{' (stopped at the first failure: --strict)' if summary['stopped_early'] else ''}; "
+        f"{summary['scans_per_second'] or 0:.2f} scans/s; report: {output / 'report.json'}"
+    )
     return 0 if summary["failed"] + summary["rejected"] == 0 else 1

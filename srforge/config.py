@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from srforge.defaults import IGNORE_INDEX, PRECISIONS
+
 NoneType = type(None)
 NUMBER = (float, int)
 
@@ -53,7 +55,7 @@ SCHEMA: dict[str, Any] = {
         "max_pixels": ((int, NoneType), None),
         "num_workers": ((int,), 0),
         "augment": ((dict,), {}),
-        "ignore_index": ((int,), 255),
+        "ignore_index": ((int,), IGNORE_INDEX),
     },
     "model": {
         "in_channels": ((int,), 3),
@@ -82,15 +84,22 @@ SCHEMA: dict[str, Any] = {
 }
 
 CHOICES = {
-    "train.precision": ("fp32", "bf16", "fp16"),
+    "train.precision": PRECISIONS,
     "data.synthetic.classes": ("binary", "multiclass"),
 }
 
 
 # Integer keys and their smallest valid value (null, where allowed, is checked by type).
 MINIMUMS = {
-    "data.num_workers": 0, "model.in_channels": 1, "model.num_classes": 1, "model.base_channels": 1,
-    "model.depth": 1, "train.epochs": 1, "train.val_every": 1, "data.batch_size": 1, "data.max_pixels": 1,
+    "data.num_workers": 0,
+    "model.in_channels": 1,
+    "model.num_classes": 1,
+    "model.base_channels": 1,
+    "model.depth": 1,
+    "train.epochs": 1,
+    "train.val_every": 1,
+    "data.batch_size": 1,
+    "data.max_pixels": 1,
     "train.stop_after": 1,
 }
 
@@ -133,7 +142,9 @@ def _yaml11_float(value: Any, types: tuple) -> Any:
 def _unknown(key: str, node: Mapping, path: str) -> ConfigError:
     close = difflib.get_close_matches(key, list(node), n=1, cutoff=0.5)
     hint = f" Did you mean '{path + '.' if path else ''}{close[0]}'?" if close else ""
-    return ConfigError(f"Unknown config key '{path + '.' if path else ''}{key}'.{hint} Valid keys here: {sorted(node)}.")
+    return ConfigError(
+        f"Unknown config key '{path + '.' if path else ''}{key}'.{hint} Valid keys here: {sorted(node)}."
+    )
 
 
 def _merge(base: dict, update: Mapping, schema: Mapping, path: str = "") -> dict:

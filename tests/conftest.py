@@ -1,4 +1,5 @@
 """Fixtures that write tiny image/mask folders (tens of pixels) in every supported format."""
+
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +28,14 @@ def labels(h: int, w: int, classes: int = 3, seed: int = 0) -> np.ndarray:
 @pytest.fixture
 def make_pair(tmp_path):
     """make_pair(name, image_array, mask_array, image_suffix=".png", root=tmp_path) writes one pair."""
+
     def make(name, image, mask, image_suffix=".png", root=None, mode=None):
         root = Path(root or tmp_path)
         write(root / "images" / f"{name}{image_suffix}", image, mode)
         if mask is not None:
             write(root / "masks" / f"{name}.png", mask)
         return root
+
     return make
 
 

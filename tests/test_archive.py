@@ -1,4 +1,5 @@
 """ScanArchive: folders, zips and tars read in place; unsafe and clashing members refused, never opened."""
+
 import hashlib
 import io
 import os
@@ -25,8 +26,11 @@ def _rgb(h, w, seed=0):
     return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
-GOOD = {"a.png": _png(_rgb(5, 9)), "sub/b.jpg": _png(_rgb(7, 4, 1), fmt="JPEG"),
-        "deep16.png": _png(np.arange(60, dtype=np.uint16).reshape(6, 10) * 1000)}
+GOOD = {
+    "a.png": _png(_rgb(5, 9)),
+    "sub/b.jpg": _png(_rgb(7, 4, 1), fmt="JPEG"),
+    "deep16.png": _png(np.arange(60, dtype=np.uint16).reshape(6, 10) * 1000),
+}
 
 
 def _zip(path: Path, members: dict[str, bytes], symlinks: dict[str, str] = {}) -> Path:
@@ -35,7 +39,7 @@ def _zip(path: Path, members: dict[str, bytes], symlinks: dict[str, str] = {}) -
             zf.writestr(name, data)
         for name, target in symlinks.items():
             info = zipfile.ZipInfo(name)
-            info.external_attr = (0o120777 << 16)  # S_IFLNK: how zip stores a symlink
+            info.external_attr = 0o120777 << 16  # S_IFLNK: how zip stores a symlink
             zf.writestr(info, target)
     return path
 
@@ -81,12 +85,24 @@ def test_archive_members_decode_like_read_image_and_are_never_written(tmp_path, 
 
 
 def test_unsafe_and_clashing_members_are_rejected_with_reasons(tmp_path):
-    members = {**GOOD, "../escape.png": GOOD["a.png"], "/abs.png": GOOD["a.png"], "a.jpg": GOOD["a.png"],
-               "notes.txt": b"hello", ".hidden/c.png": GOOD["a.png"]}
+    members = {
+        **GOOD,
+        "../escape.png": GOOD["a.png"],
+        "/abs.png": GOOD["a.png"],
+        "a.jpg": GOOD["a.png"],
+        "notes.txt": b"hello",
+        ".hidden/c.png": GOOD["a.png"],
+    }
     zipped = _zip(tmp_path / "x.zip", members, symlinks={"link.png": "/etc/passwd"})
-    tarred = _tar(tmp_path / "x.tar", members, links={"link.png": (tarfile.SYMTYPE, "/etc/passwd"),
-                                                      "hard.png": (tarfile.LNKTYPE, "a.png"),
-                                                      "dev.png": (tarfile.CHRTYPE, "")})
+    tarred = _tar(
+        tmp_path / "x.tar",
+        members,
+        links={
+            "link.png": (tarfile.SYMTYPE, "/etc/passwd"),
+            "hard.png": (tarfile.LNKTYPE, "a.png"),
+            "dev.png": (tarfile.CHRTYPE, ""),
+        },
+    )
     for path in (zipped, tarred):
         with ScanArchive(path) as archive:
             assert archive.names == sorted(GOOD)
@@ -149,7 +165,9 @@ def test_a_truncated_tar_gz_is_a_data_error_naming_it(tmp_path):
 def test_dots_inside_a_stem_keep_scans_apart(tmp_path):
     from srforge.engine.predictor import output_paths
 
-    archive = ScanArchive(_zip(tmp_path / "v.zip", {"scan.v1.png": _png(_rgb(4, 4)), "scan.v2.png": _png(_rgb(4, 4, 1))}))
+    archive = ScanArchive(
+        _zip(tmp_path / "v.zip", {"scan.v1.png": _png(_rgb(4, 4)), "scan.v2.png": _png(_rgb(4, 4, 1))})
+    )
     assert archive.names == ["scan.v1.png", "scan.v2.png"] and not archive.rejected
     masks = {output_paths(tmp_path, name)["mask"] for name in archive.names}
     assert masks == {tmp_path / "masks" / "scan.v1.png", tmp_path / "masks" / "scan.v2.png"}

@@ -1,4 +1,5 @@
 """Augmentation: image and mask move together, the mask is filled with ignore_index, bad keys are named."""
+
 import pytest
 import torch
 

@@ -12,8 +12,13 @@ from srforge.engine.checkpoint import (
 
 
 def _payload(model):
-    return {"model": model.state_dict(), "model_args": {"base_channels": 4, "depth": 2}, "size_divisor": 4,
-            "class_names": ["a", "b"], "epoch": 1}
+    return {
+        "model": model.state_dict(),
+        "model_args": {"base_channels": 4, "depth": 2},
+        "size_divisor": 4,
+        "class_names": ["a", "b"],
+        "epoch": 1,
+    }
 
 
 def test_round_trip_rebuilds_the_model(tmp_path):
@@ -39,10 +44,14 @@ def test_files_that_are_not_srforge_checkpoints(tmp_path):
     with pytest.raises(FileNotFoundError, match="Checkpoint not found"):
         load_checkpoint(tmp_path / "missing.pt")
     torch.save({"state_dict": {}}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match=r"other.pt is not an srforge checkpoint: expected format 'srforge-checkpoint'"):
+    with pytest.raises(
+        ValueError, match=r"other.pt is not an srforge checkpoint: expected format 'srforge-checkpoint'"
+    ):
         load_checkpoint(tmp_path / "other.pt")
     (tmp_path / "text.pt").write_text("hello")
-    with pytest.raises(ValueError, match=r"text.pt is not an srforge checkpoint: torch.load\(weights_only=True\) failed"):
+    with pytest.raises(
+        ValueError, match=r"text.pt is not an srforge checkpoint: torch.load\(weights_only=True\) failed"
+    ):
         load_checkpoint(tmp_path / "text.pt")
     torch.save({"format": "srforge-checkpoint", "version": 1, "model": {}}, tmp_path / "partial.pt")
     with pytest.raises(ValueError, match="incomplete srforge checkpoint: the field 'model_args' is missing"):

@@ -193,13 +193,19 @@ def test_missing_padded_field_names_the_sample_and_field():
 
 
 def test_fields_of_one_sample_that_disagree_on_size():
-    bad = Entry(name="scan_7", image=torch.zeros(3, 481, 3203, dtype=torch.uint8), mask=torch.zeros(480, 3203, dtype=torch.int64))
+    bad = Entry(
+        name="scan_7",
+        image=torch.zeros(3, 481, 3203, dtype=torch.uint8),
+        mask=torch.zeros(480, 3203, dtype=torch.int64),
+    )
     with pytest.raises(ValueError, match=r"sample 0 \('scan_7'\).*'image' is 481x3203 and field 'mask' is 480x3203"):
         AlignedCollate()([bad])
 
 
 def test_samples_that_disagree_on_leading_dims_or_dtype():
-    gray = Entry(name="g", image=torch.zeros(1, 4, 4, dtype=torch.uint8), mask=torch.zeros(4, 4, dtype=torch.int64), depth=1.0)
+    gray = Entry(
+        name="g", image=torch.zeros(1, 4, 4, dtype=torch.uint8), mask=torch.zeros(4, 4, dtype=torch.int64), depth=1.0
+    )
     with pytest.raises(ValueError, match=r"sample 1 \('g'\), field 'image': expected leading dims \[3\].*found \[1\]"):
         AlignedCollate()([_scan("a", 4, 4), gray])
     as_float = _scan("f", 4, 4, dtype=torch.float32)
@@ -210,7 +216,9 @@ def test_samples_that_disagree_on_leading_dims_or_dtype():
 def test_zero_sized_and_too_few_dims():
     with pytest.raises(ValueError, match=r"sample 0 \('z'\), field 'image': H and W must be at least 1"):
         AlignedCollate()([Entry(name="z", image=torch.zeros(3, 0, 5), mask=torch.zeros(0, 5))])
-    with pytest.raises(ValueError, match=r"field 'image': expected a tensor \[..., H, W\] with at least 2 dims, found shape \[5\]"):
+    with pytest.raises(
+        ValueError, match=r"field 'image': expected a tensor \[..., H, W\] with at least 2 dims, found shape \[5\]"
+    ):
         AlignedCollate(pad={"image": 0})([Entry(image=torch.zeros(5))])
 
 

@@ -27,9 +27,21 @@ def test_shipped_configs_resolve():
 
 def test_keys_users_rely_on_exist():
     cfg = defaults()
-    for path in ("run.dir", "run.seed", "data.dataset.class", "data.dataset.args", "data.batch_size", "data.max_pixels",
-                 "data.num_workers", "model.num_classes", "model.base_channels", "model.depth", "train.epochs",
-                 "train.lr", "train.precision"):
+    for path in (
+        "run.dir",
+        "run.seed",
+        "data.dataset.class",
+        "data.dataset.args",
+        "data.batch_size",
+        "data.max_pixels",
+        "data.num_workers",
+        "model.num_classes",
+        "model.base_channels",
+        "model.depth",
+        "train.epochs",
+        "train.lr",
+        "train.precision",
+    ):
         node = cfg
         for part in path.split("."):
             node = node[part]
@@ -41,7 +53,16 @@ def test_overrides_are_yaml_scalars_and_reach_free_form_args():
     assert resolve({"train": {"lr": "3e-4"}})["train"]["lr"] == 3e-4
     assert parse_override("model.class_names=[a, b]") == ("model.class_names", ["a", "b"])
     assert parse_override("data.max_pixels=null") == ("data.max_pixels", None)
-    cfg = resolve({}, ["train.epochs=3", "train.channels_last=true", "data.dataset.args.root=/x", "data.batch_size=null", "data.max_pixels=1000"])
+    cfg = resolve(
+        {},
+        [
+            "train.epochs=3",
+            "train.channels_last=true",
+            "data.dataset.args.root=/x",
+            "data.batch_size=null",
+            "data.max_pixels=1000",
+        ],
+    )
     assert cfg["train"]["epochs"] == 3 and cfg["train"]["channels_last"] is True
     assert cfg["data"]["dataset"]["args"] == {"root": "/x"}
     assert cfg["data"]["max_pixels"] == 1000

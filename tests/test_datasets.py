@@ -1,4 +1,5 @@
 """SegmentationFolder, header sizes and their cache, and every bad input named clearly."""
+
 import json
 
 import numpy as np
@@ -165,6 +166,7 @@ def test_sizes_from_headers_then_cache(folder, monkeypatch):
 def test_sizes_without_writable_root(folder, monkeypatch):
     def refuse(*args):
         raise PermissionError("read-only file system")
+
     monkeypatch.setattr(datasets.os, "replace", refuse)
     assert SegmentationFolder(folder).sizes() == [(12, 20), (16, 9), (7, 30)]
     assert not (folder / datasets.SIZES_FILE).exists()

@@ -42,7 +42,9 @@ def test_attribute_and_key_access_are_the_same_field():
 
 
 def test_natural_shape_sample_from_the_dataset_example():
-    e = srforge.Entry(name="scene_042", image=torch.zeros(3, 8, 8), target=torch.zeros(3, 8, 8), bands=["b2", "b8"], scale=4)
+    e = srforge.Entry(
+        name="scene_042", image=torch.zeros(3, 8, 8), target=torch.zeros(3, 8, 8), bands=["b2", "b8"], scale=4
+    )
     assert not e.is_batched
     batch = srforge.Entry.collate([e, e, e, e])
     assert batch.image.shape == (4, 3, 8, 8)
@@ -128,7 +130,10 @@ def test_rule_mixed_types_raise_type_error_naming_field_and_types():
 
 def test_numpy_arrays_and_scalars_collate_like_tensors_and_numbers():
     batch = srforge.Entry.collate(
-        [srforge.Entry(a=np.ones((2, 3), np.uint8), i=np.int32(3), f=np.float64(0.25), b=np.bool_(True)) for _ in range(2)]
+        [
+            srforge.Entry(a=np.ones((2, 3), np.uint8), i=np.int32(3), f=np.float64(0.25), b=np.bool_(True))
+            for _ in range(2)
+        ]
     )
     assert batch.a.dtype == torch.uint8 and batch.a.shape == (2, 2, 3)
     assert batch.i.dtype == torch.int64 and batch.i.tolist() == [3, 3]
@@ -310,7 +315,9 @@ def test_repr_shows_shapes_and_state():
 
 # -- property: random nested samples survive collate -> unbatch -> collate ---------------------------
 _shapes = st.lists(st.integers(1, 3), min_size=0, max_size=3).map(tuple)
-_tensors = st.builds(lambda shape, seed: torch.randn(shape, generator=torch.Generator().manual_seed(seed)), _shapes, st.integers(0, 99))
+_tensors = st.builds(
+    lambda shape, seed: torch.randn(shape, generator=torch.Generator().manual_seed(seed)), _shapes, st.integers(0, 99)
+)
 _leaf_kinds = {
     "tensor": _tensors,
     "str": st.text(max_size=5),
@@ -325,7 +332,11 @@ _leaf_kinds = {
 def _samples(draw):
     """B samples sharing one random nested schema; each field may be None in some samples."""
     b = draw(st.integers(1, 4))
-    schema = draw(st.dictionaries(st.sampled_from("abcdef"), st.sampled_from(sorted(_leaf_kinds) + ["dict"]), min_size=1, max_size=4))
+    schema = draw(
+        st.dictionaries(
+            st.sampled_from("abcdef"), st.sampled_from(sorted(_leaf_kinds) + ["dict"]), min_size=1, max_size=4
+        )
+    )
     inner = draw(st.dictionaries(st.sampled_from("xyz"), st.sampled_from(sorted(_leaf_kinds)), min_size=1, max_size=2))
     nullable = draw(st.sets(st.sampled_from(sorted(schema))))
     samples = []

@@ -16,7 +16,9 @@ class Scenes(Dataset):
 
     def __getitem__(self, i):
         g = torch.Generator().manual_seed(i)
-        return Entry(name=f"scene_{i:03d}", image=torch.randn(3, 8, 8, generator=g), scale=i % 3, w=i / 4, ok=i % 2 == 0)
+        return Entry(
+            name=f"scene_{i:03d}", image=torch.randn(3, 8, 8, generator=g), scale=i % 3, w=i / 4, ok=i % 2 == 0
+        )
 
 
 class Batched(Scenes):
@@ -56,7 +58,9 @@ def _collate_and_report_sharing(samples):
 
 
 def test_worker_batches_are_written_straight_into_shared_memory():
-    loader = DataLoaderFactory(Scenes(), batch_size=5, num_workers=1, collate_fn=_collate_and_report_sharing).get_loader()
+    loader = DataLoaderFactory(
+        Scenes(), batch_size=5, num_workers=1, collate_fn=_collate_and_report_sharing
+    ).get_loader()
     assert [bool(b.shared) for b in loader] == [True, True]
     main = DataLoaderFactory(Scenes(), batch_size=5, collate_fn=_collate_and_report_sharing).get_loader()
     assert [bool(b.shared) for b in main] == [False, False]

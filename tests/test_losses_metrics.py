@@ -30,16 +30,23 @@ def test_scores_per_class_and_means():
 
 def test_loss_and_metrics_of_a_padded_batch_equal_those_of_the_scans_alone():
     g = torch.Generator().manual_seed(0)
-    scans = [Entry(image=torch.zeros(1, h, w), mask=torch.randint(0, 3, (h, w), generator=g)) for h, w in ((5, 7), (9, 4))]
+    scans = [
+        Entry(image=torch.zeros(1, h, w), mask=torch.randint(0, 3, (h, w), generator=g)) for h, w in ((5, 7), (9, 4))
+    ]
     batch = AlignedCollate(divisor=8)(scans)
     logits = torch.randn(2, 3, 16, 8, generator=g)
     padded = segmentation_loss(logits, batch.mask, dice_weight=1.0)
     # The same pixels, unpadded: cross-entropy and Dice over the concatenated valid pixels.
     flat_logits = torch.cat([logits[i, :, :h, :w].reshape(3, -1) for i, (h, w) in enumerate(batch.sizes.tolist())], 1)
     flat_target = torch.cat([s.mask.reshape(-1) for s in scans])
-    expected = torch.nn.functional.cross_entropy(flat_logits.T, flat_target) + dice_loss(flat_logits[None, :, :, None], flat_target[None, :, None])
+    expected = torch.nn.functional.cross_entropy(flat_logits.T, flat_target) + dice_loss(
+        flat_logits[None, :, :, None], flat_target[None, :, None]
+    )
     assert torch.allclose(padded, expected, atol=1e-6)
-    alone = sum(confusion_matrix(logits[i, :, :h, :w].argmax(0), s.mask, 3) for i, ((h, w), s) in enumerate(zip(batch.sizes.tolist(), scans)))
+    alone = sum(
+        confusion_matrix(logits[i, :, :h, :w].argmax(0), s.mask, 3)
+        for i, ((h, w), s) in enumerate(zip(batch.sizes.tolist(), scans))
+    )
     assert torch.equal(confusion_matrix(logits.argmax(1), batch.mask, 3), alone)
 
 

@@ -46,10 +46,13 @@ def test_masked_group_norm_equals_group_norm_on_each_crop():
 def test_masked_group_norm_gradients_match_crop_reference():
     x, sizes, mask, w, b = _batch()
     dy = torch.randn_like(x)  # nonzero on the padding too: it must not leak into any gradient
-    grads = torch.autograd.grad((masked_group_norm(x.requires_grad_(), mask, 2, w.requires_grad_(),
-                                                   b.requires_grad_()) * dy).sum(), (x, w, b))
-    reference = sum((F.group_norm(x[i : i + 1, :, :h, :wd], 2, w, b) * dy[i : i + 1, :, :h, :wd]).sum()
-                    for i, (h, wd) in enumerate(sizes.tolist()))
+    grads = torch.autograd.grad(
+        (masked_group_norm(x.requires_grad_(), mask, 2, w.requires_grad_(), b.requires_grad_()) * dy).sum(), (x, w, b)
+    )
+    reference = sum(
+        (F.group_norm(x[i : i + 1, :, :h, :wd], 2, w, b) * dy[i : i + 1, :, :h, :wd]).sum()
+        for i, (h, wd) in enumerate(sizes.tolist())
+    )
     for got, expected in zip(grads, torch.autograd.grad(reference, (x, w, b))):
         torch.testing.assert_close(got, expected)
     assert (grads[0] * (1 - mask)).abs().max() == 0

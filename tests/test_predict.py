@@ -1,4 +1,5 @@
 """Prediction: the script on folders, zips and tars, crop-back, bad input, resume after a kill, tiling."""
+
 import io
 import json
 import os
@@ -46,18 +47,26 @@ class Strips(Dataset):
 
     def __getitem__(self, i):
         image = strip(i)
-        return {"name": f"s{i}", "image": image.transpose(2, 0, 1).copy(), "mask": (image[:, :, 0] < 100).astype(np.int64)}
+        return {
+            "name": f"s{i}",
+            "image": image.transpose(2, 0, 1).copy(),
+            "mask": (image[:, :, 0] < 100).astype(np.int64),
+        }
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     run = tmp_path_factory.mktemp("run")
-    train(resolve({
-        "run": {"dir": str(run), "seed": 0},
-        "data": {"dataset": {"class": "test_predict:Strips", "args": {}}, "batch_size": 4, "augment": {}},
-        "model": {"base_channels": 4, "depth": 2, "class_names": ["paper", "ink"]},
-        "train": {"epochs": 6, "lr": 0.02, "warmup_steps": 2},
-    }))
+    train(
+        resolve(
+            {
+                "run": {"dir": str(run), "seed": 0},
+                "data": {"dataset": {"class": "test_predict:Strips", "args": {}}, "batch_size": 4, "augment": {}},
+                "model": {"base_channels": 4, "depth": 2, "class_names": ["paper", "ink"]},
+                "train": {"epochs": 6, "lr": 0.02, "warmup_steps": 2},
+            }
+        )
+    )
     return run / "last.pt"
 
 
@@ -142,8 +151,11 @@ def read_mask(path: Path) -> torch.Tensor:
 
 def test_script_on_folder_zip_and_tar_equals_predict_scan_by_scan(tmp_path, ckpt, predictor):
     members = scans(14)
-    inputs = {"folder": write_folder(tmp_path / "scans", members), "zip": write_zip(tmp_path / "s.zip", members),
-              "tar": write_tar(tmp_path / "s.tar", members)}
+    inputs = {
+        "folder": write_folder(tmp_path / "scans", members),
+        "zip": write_zip(tmp_path / "s.zip", members),
+        "tar": write_tar(tmp_path / "s.tar", members),
+    }
     for kind, path in inputs.items():
         out = tmp_path / f"out_{kind}"
         extra = ["--overlay", "--probabilities"] if kind == "folder" else ["--max-batch", "0"]  # real batches
@@ -192,10 +204,18 @@ def _bad_members(tmp_path: Path) -> dict[str, bytes]:
     pal = io.BytesIO()
     palette.save(pal, format="PNG")
     return {
-        "good.png": good, "good.jpg": good, "deep16.png": _png((strip(3)[:, :, 0].astype(np.uint16) * 257)),
-        "rgba.png": _png(rgba, "RGBA"), "cmyk.jpg": cmyk.getvalue(), "palette.png": pal.getvalue(),
-        "empty.png": b"", "text.png": b"this is not an image", "cut.png": good[: len(good) // 2],
-        "notes.txt": b"hello", "../escape.png": good, "/tmp/abs_escape.png": good,
+        "good.png": good,
+        "good.jpg": good,
+        "deep16.png": _png((strip(3)[:, :, 0].astype(np.uint16) * 257)),
+        "rgba.png": _png(rgba, "RGBA"),
+        "cmyk.jpg": cmyk.getvalue(),
+        "palette.png": pal.getvalue(),
+        "empty.png": b"",
+        "text.png": b"this is not an image",
+        "cut.png": good[: len(good) // 2],
+        "notes.txt": b"hello",
+        "../escape.png": good,
+        "/tmp/abs_escape.png": good,
     }
 
 
@@ -204,19 +224,26 @@ def test_bad_input_is_reported_per_scan_and_nothing_escapes(tmp_path, ckpt, kind
     members = _bad_members(tmp_path)
     box = tmp_path / "box"
     box.mkdir()
-    path = write_zip(box / "bad.zip", members) if kind == "zip" else \
-        write_tar(box / "bad.tar", members, links={"link.png": "/etc/passwd"})
+    path = (
+        write_zip(box / "bad.zip", members)
+        if kind == "zip"
+        else write_tar(box / "bad.tar", members, links={"link.png": "/etc/passwd"})
+    )
     out = box / "out"
     before = sorted(p.name for p in box.iterdir())
     code = main_predict(["--checkpoint", str(ckpt), "--input", str(path), "--output", str(out), "--no-progress"])
     assert code == 1
     assert sorted(p.name for p in box.iterdir()) == sorted(before + ["out"])  # the parent of DIR is unchanged
     assert not Path("/tmp/abs_escape.png").exists() and not (tmp_path / "escape.png").exists()
-    status = {r["name"]: (r["status"], r["error"] or "") for r in json.loads((out / "report.json").read_text())["scans"]}
+    status = {
+        r["name"]: (r["status"], r["error"] or "") for r in json.loads((out / "report.json").read_text())["scans"]
+    }
     for name in ("good.png", "deep16.png", "rgba.png", "cmyk.jpg", "palette.png"):  # converted, not rejected
         assert status[name][0] == "ok", status[name]
-        with Image.open(out / "masks" / Path(name).with_suffix(".png")) as mask, \
-                Image.open(io.BytesIO(members[name])) as scan:
+        with (
+            Image.open(out / "masks" / Path(name).with_suffix(".png")) as mask,
+            Image.open(io.BytesIO(members[name])) as scan,
+        ):
             assert mask.size == scan.size
     assert status["good.jpg"][0] == "rejected" and "same output name as 'good.png'" in status["good.jpg"][1]
     for name in ("empty.png", "text.png", "cut.png"):
@@ -227,8 +254,10 @@ def test_bad_input_is_reported_per_scan_and_nothing_escapes(tmp_path, ckpt, kind
     if kind == "tar":
         assert status["link.png"][0] == "rejected" and "symlink" in status["link.png"][1]
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert written == sorted(["report.csv", "report.json"] + [f"masks/{n}" for n in
-                              ("good.png", "deep16.png", "rgba.png", "cmyk.png", "palette.png")])
+    assert written == sorted(
+        ["report.csv", "report.json"]
+        + [f"masks/{n}" for n in ("good.png", "deep16.png", "rgba.png", "cmyk.png", "palette.png")]
+    )
     assert "5 ok, 0 skipped, 3 failed" in capsys.readouterr().out
 
 
@@ -256,7 +285,12 @@ def test_rerun_skips_complete_scans_and_redoes_broken_ones(tmp_path, ckpt):
     assert main_predict(args) == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     status = {r["name"]: r["status"] for r in report["scans"]}
-    assert status == {**{n: "skipped" for n in scans(6)}, "scan_001.png": "ok", "scan_002.png": "ok", "scan_004.png": "ok"}
+    assert status == {
+        **{n: "skipped" for n in scans(6)},
+        "scan_001.png": "ok",
+        "scan_002.png": "ok",
+        "scan_004.png": "ok",
+    }
     assert all(r["fractions"] and abs(sum(r["fractions"]) - 1) < 1e-4 for r in report["scans"])
     for path, stamp in stamps.items():
         assert (path.stat().st_mtime_ns == stamp) == (path.name not in ("scan_001.png", "scan_002.png", "scan_004.png"))
@@ -322,7 +356,10 @@ def test_exit_codes_for_missing_input_bad_checkpoint_and_strict(tmp_path, ckpt, 
     assert main_predict(["--checkpoint", str(fake), "--input", str(folder), "--output", out]) == 2
     assert f"{fake} is not an srforge checkpoint" in capsys.readouterr().err
     assert not Path(out).exists()
-    assert main_predict(["--checkpoint", str(ckpt), "--input", str(folder), "--output", out, "--strict", "--no-progress"]) == 1
+    assert (
+        main_predict(["--checkpoint", str(ckpt), "--input", str(folder), "--output", out, "--strict", "--no-progress"])
+        == 1
+    )
     summary = json.loads((Path(out) / "report.json").read_text())["summary"]
     assert summary["stopped_early"] and summary["failed"] == 1 and summary["ok"] == 0  # bad.png sorts first
 

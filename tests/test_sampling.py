@@ -1,4 +1,5 @@
 """Size-grouped batch sampler and size-stratified split."""
+
 from collections import Counter
 
 import numpy as np
@@ -44,7 +45,9 @@ def test_ranks_are_disjoint_cover_everything_and_match_in_length():
     total_batches = -(-103 // 4)  # 26 -> padded to 27 with one repeated batch
     assert sum(len(b) for b in per_rank) == 27 and total_batches == 26
     assert sum(c - 1 for c in counts.values()) <= 4  # only the padding repeats
-    dropped = [list(SizeGroupedBatchSampler(sizes, batch_size=4, num_replicas=3, rank=r, drop_last=True)) for r in range(3)]
+    dropped = [
+        list(SizeGroupedBatchSampler(sizes, batch_size=4, num_replicas=3, rank=r, drop_last=True)) for r in range(3)
+    ]
     seen = [i for batches in dropped for b in batches for i in b]
     assert len(seen) == len(set(seen)) and all(len(b) == 4 for batches in dropped for b in batches)
     assert [len(b) for b in dropped] == [8, 8, 8]
@@ -89,7 +92,7 @@ def test_grouping_cuts_padding_far_below_random():
     sizes = welllog_sizes(2000)
     grouped = list(SizeGroupedBatchSampler(sizes, batch_size=16))
     order = np.random.default_rng(0).permutation(2000).tolist()
-    shuffled = [order[i:i + 16] for i in range(0, 2000, 16)]
+    shuffled = [order[i : i + 16] for i in range(0, 2000, 16)]
     assert waste(grouped, sizes) < 0.1 < 0.5 < waste(shuffled, sizes)
 
 
@@ -104,8 +107,14 @@ def test_accepts_a_dataset_with_sizes_and_rejects_bad_arguments():
     class Data:
         def sizes(self):
             return [(5, 5), (6, 7), (8, 9)]
+
     assert sorted(i for b in SizeGroupedBatchSampler(Data(), batch_size=2) for i in b) == [0, 1, 2]
-    for kwargs in [{}, {"batch_size": 2, "max_pixels": 10}, {"batch_size": 0}, {"batch_size": 2, "rank": 2, "num_replicas": 2}]:
+    for kwargs in [
+        {},
+        {"batch_size": 2, "max_pixels": 10},
+        {"batch_size": 0},
+        {"batch_size": 2, "rank": 2, "num_replicas": 2},
+    ]:
         with pytest.raises(ValueError):
             SizeGroupedBatchSampler([(5, 5)], **kwargs)
 
@@ -113,13 +122,20 @@ def test_accepts_a_dataset_with_sizes_and_rejects_bad_arguments():
 @settings(max_examples=40, deadline=None)
 @given(
     sizes=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300)), min_size=1, max_size=80),
-    batch_size=st.integers(1, 9), budget=st.integers(1, 300_000), use_budget=st.booleans(),
-    replicas=st.integers(1, 4), seed=st.integers(0, 5), epoch=st.integers(0, 3), pool=st.integers(1, 40),
+    batch_size=st.integers(1, 9),
+    budget=st.integers(1, 300_000),
+    use_budget=st.booleans(),
+    replicas=st.integers(1, 4),
+    seed=st.integers(0, 5),
+    epoch=st.integers(0, 3),
+    pool=st.integers(1, 40),
 )
 def test_property_ranks_cover_each_index(sizes, batch_size, budget, use_budget, replicas, seed, epoch, pool):
     kwargs = {"max_pixels": budget} if use_budget else {"batch_size": batch_size}
-    samplers = [SizeGroupedBatchSampler(sizes, num_replicas=replicas, rank=r, seed=seed, pool_size=pool, divisor=8, **kwargs)
-                for r in range(replicas)]
+    samplers = [
+        SizeGroupedBatchSampler(sizes, num_replicas=replicas, rank=r, seed=seed, pool_size=pool, divisor=8, **kwargs)
+        for r in range(replicas)
+    ]
     for s in samplers:
         s.set_epoch(epoch)
     per_rank = [list(s) for s in samplers]
@@ -133,7 +149,10 @@ def test_property_ranks_cover_each_index(sizes, batch_size, budget, use_budget, 
         for b in batches:
             assert len(b) == len(set(b)) and b
             if use_budget and len(b) > 1:
-                assert len(b) * max(-(-sizes[i][0] // 8) * 8 for i in b) * max(-(-sizes[i][1] // 8) * 8 for i in b) <= budget
+                assert (
+                    len(b) * max(-(-sizes[i][0] // 8) * 8 for i in b) * max(-(-sizes[i][1] // 8) * 8 for i in b)
+                    <= budget
+                )
             if not use_budget:
                 assert len(b) <= batch_size
 

@@ -1,4 +1,5 @@
 """Synthetic well-log scans: deterministic, in range, masks exact and aligned, readable as a folder."""
+
 import numpy as np
 import pytest
 
@@ -25,7 +26,9 @@ def test_scan_i_does_not_depend_on_n(tmp_path):
     make_welllog_scans(tmp_path / "one", 1, scale=SMALL)
     make_welllog_scans(tmp_path / "three", 3, scale=SMALL)
     for sub in ("images", "masks"):
-        assert (tmp_path / "one" / sub / "scan_00000.png").read_bytes() == (tmp_path / "three" / sub / "scan_00000.png").read_bytes()
+        assert (tmp_path / "one" / sub / "scan_00000.png").read_bytes() == (
+            tmp_path / "three" / sub / "scan_00000.png"
+        ).read_bytes()
     assert not list((tmp_path / "three").rglob("*.tmp"))
 
 

@@ -140,22 +140,36 @@ def test_mask_values_beyond_num_classes_name_the_sample(tmp_path):
     cfg = _cfg(tmp_path / "run", epochs=1)
     cfg["model"]["num_classes"] = 1
     cfg["model"]["class_names"] = None
-    with pytest.raises(ValueError, match=r"TinyStrips\[\d+\] \('strip_\d+'\): mask values \[1\] are not classes of model.num_classes=1"):
+    with pytest.raises(
+        ValueError, match=r"TinyStrips\[\d+\] \('strip_\d+'\): mask values \[1\] are not classes of model.num_classes=1"
+    ):
         train(cfg)
 
 
 def _overrides(tmp_path, epochs=4):
     data = tmp_path / "scans"
     return [
-        f"run.dir={tmp_path / 'run'}", f"data.synthetic.root={data}", f"data.dataset.args.root={data}",
-        "data.synthetic.n=10", "data.synthetic.scale=0.03", "model.base_channels=4", "model.depth=3",
-        f"train.epochs={epochs}", "train.lr=0.01", "train.warmup_steps=2",
+        f"run.dir={tmp_path / 'run'}",
+        f"data.synthetic.root={data}",
+        f"data.dataset.args.root={data}",
+        "data.synthetic.n=10",
+        "data.synthetic.scale=0.03",
+        "model.base_channels=4",
+        "model.depth=3",
+        f"train.epochs={epochs}",
+        "train.lr=0.01",
+        "train.warmup_steps=2",
     ]
 
 
 def test_train_script_end_to_end(tmp_path):
-    done = subprocess.run([*TRAIN, "--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [*TRAIN, "--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "run"
     assert (tmp_path / "scans" / "images").is_dir()  # generated when missing
@@ -188,8 +202,14 @@ def test_ctrl_c_writes_last_pt_and_the_run_resumes(tmp_path):
     args = [*TRAIN, "--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path, epochs=50)]
     # A shell that starts jobs in the background makes them ignore SIGINT, and Python then installs no
     # KeyboardInterrupt handler: give the child the default disposition, as a terminal would.
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 240
     while not metrics.exists() and time.time() < deadline and proc.poll() is None:
@@ -200,17 +220,34 @@ def test_ctrl_c_writes_last_pt_and_the_run_resumes(tmp_path):
     assert "interrupted; wrote" in out
     ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
     assert ckpt["epoch"] >= 1
-    resumed = subprocess.run([*TRAIN, "--resume", str(tmp_path / "run"), "train.stop_after=1"],
-                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    resumed = subprocess.run(
+        [*TRAIN, "--resume", str(tmp_path / "run"), "train.stop_after=1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert load_checkpoint(tmp_path / "run" / "last.pt")["epoch"] == ckpt["epoch"] + 1
 
 
 def test_two_processes_with_torchrun_gloo(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "scripts" / "train.py"),
-            "--config", str(ROOT / "configs" / "custom_dataset.yaml"), f"run.dir={tmp_path / 'ddp'}", "data.dataset.args.n=10",
-            "data.batch_size=2", "model.base_channels=4", "train.epochs=2"]
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "scripts" / "train.py"),
+        "--config",
+        str(ROOT / "configs" / "custom_dataset.yaml"),
+        f"run.dir={tmp_path / 'ddp'}",
+        "data.dataset.args.n=10",
+        "data.batch_size=2",
+        "model.base_channels=4",
+        "train.epochs=2",
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]

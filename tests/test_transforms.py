@@ -45,7 +45,9 @@ class FlipBoth(DataTransform):  # two fields in, a tuple out
 
 
 def _batch(n=3, h=6, w=6):
-    return Entry.collate([Entry(name=f"s{i}", image=torch.randn(3, h, w), mask=torch.randint(0, 2, (h, w))) for i in range(n)])
+    return Entry.collate(
+        [Entry(name=f"s{i}", image=torch.randn(3, h, w), mask=torch.randint(0, 2, (h, w))) for i in range(n)]
+    )
 
 
 def test_batched_transform_on_a_batch():

@@ -47,10 +47,13 @@ def test_default_size_divisor_is_32():
     assert UNet().size_divisor == 32
 
 
-@pytest.mark.parametrize("shape, message", [
-    ((1, 3, 50, 64), "H=50 is not a multiple of size_divisor=32; pad H to 64"),
-    ((1, 3, 32, 70), "W=70 is not a multiple of size_divisor=32; pad W to 96"),
-])
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        ((1, 3, 50, 64), "H=50 is not a multiple of size_divisor=32; pad H to 64"),
+        ((1, 3, 32, 70), "W=70 is not a multiple of size_divisor=32; pad W to 96"),
+    ],
+)
 def test_non_multiple_size_is_a_value_error_naming_the_divisor(shape, message):
     model = UNet(base_channels=4, max_channels=8)
     with pytest.raises(ValueError, match=message):
@@ -168,7 +171,9 @@ def test_torch_compile_traces_one_graph_for_varying_sizes():
     _compiled_matches_eager("aot_eager")  # dynamo + autograd tracing, without inductor's C++ build (~7 s)
 
 
-@pytest.mark.skipif(not os.environ.get("SRFORGE_TEST_INDUCTOR"), reason=(
-    "a cold inductor compile takes ~90 s on 2 CPU cores (~8 s with a warm cache); set SRFORGE_TEST_INDUCTOR=1"))
+@pytest.mark.skipif(
+    not os.environ.get("SRFORGE_TEST_INDUCTOR"),
+    reason=("a cold inductor compile takes ~90 s on 2 CPU cores (~8 s with a warm cache); set SRFORGE_TEST_INDUCTOR=1"),
+)
 def test_torch_compile_inductor_on_varying_sizes():
     _compiled_matches_eager("inductor")

@@ -1,21 +1,15 @@
 """Data: Entry and its collation, the padding collate, datasets, samplers, transforms, loaders."""
 
-from .adapter import FieldView, dataset_sizes
-from .augment import Augmentation, build_augmentation
-from .collate import AlignedCollate, crop_to_sizes, pad_to_multiple, valid_mask
-from .datasets import (
-    DataError,
-    SegmentationFolder,
-    check_folder,
-    measure_sizes,
-    read_image,
-    read_mask,
-)
-from .entry import Entry
-from .loader import DataLoaderFactory, GeneralCollation
-from .sampling import SizeGroupedBatchSampler, size_stratified_split
-from .synthetic import make_welllog_scans
-from .transforms import DataTransform
+from srforge.data.adapter import FieldView, dataset_sizes
+from srforge.data.augment import Augmentation, build_augmentation
+from srforge.data.collate import AlignedCollate, pad_to_multiple
+from srforge.data.datasets import DataError, SegmentationFolder, check_folder, measure_sizes, read_image, read_mask
+from srforge.data.entry import Entry
+from srforge.data.loader import DataLoaderFactory, GeneralCollation
+from srforge.data.sampling import SizeGroupedBatchSampler, size_stratified_split
+from srforge.data.synthetic import make_welllog_scans
+from srforge.data.transforms import DataTransform
+from srforge.geometry import crop_to_sizes, valid_mask
 
 __all__ = [
     "Entry",

@@ -20,8 +20,8 @@ from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from srforge.atomic import atomic_write_text
-
-from .entry import Entry
+from srforge.data.entry import Entry
+from srforge.defaults import IGNORE_INDEX
 
 CANONICAL = ("image", "mask", "name")
 
@@ -47,7 +47,7 @@ class FieldView(Dataset):
         augment: Callable[[Entry], Entry] | None = None,
         seed: int = 0,
         num_classes: int | None = None,
-        ignore_index: int = 255,
+        ignore_index: int = IGNORE_INDEX,
     ) -> None:
         unknown = sorted(set(fields or {}) - set(CANONICAL))
         if unknown:
@@ -77,7 +77,9 @@ class FieldView(Dataset):
         entry = Entry()
         renamed = {v: k for k, v in self.fields.items()}
         for key, value in sample.items():
-            entry[renamed.get(key, key)] = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+            entry[renamed.get(key, key)] = (
+                torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+            )
         for key in ("image", "mask"):
             if key not in entry:
                 raise KeyError(
@@ -92,7 +94,12 @@ class FieldView(Dataset):
         if self.augment is not None:
             # Seeded per (seed, epoch, index): independent of worker count, batch order and resumption.
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int.from_bytes(hashlib.blake2b(f"{self.seed}/{self.epoch}/{index}".encode(), digest_size=8).digest(), "little") >> 1)
+                torch.manual_seed(
+                    int.from_bytes(
+                        hashlib.blake2b(f"{self.seed}/{self.epoch}/{index}".encode(), digest_size=8).digest(), "little"
+                    )
+                    >> 1
+                )
                 entry = self.augment(entry)
         return entry
 
@@ -110,7 +117,9 @@ class FieldView(Dataset):
         return [tuple(all_sizes[i]) for i in self.indices]
 
 
-def dataset_sizes(dataset: Dataset, fields: Mapping[str, str] | None = None, cache: Path | None = None, key: str = "") -> list[tuple[int, int]]:
+def dataset_sizes(
+    dataset: Dataset, fields: Mapping[str, str] | None = None, cache: Path | None = None, key: str = ""
+) -> list[tuple[int, int]]:
     """(H, W) of every sample: ``dataset.sizes()`` when it has one, else measured once and cached.
 
     Measuring reads every sample (a progress bar shows it); the result is kept in ``cache`` under ``key``

@@ -11,6 +11,7 @@ as SegmentationFolder does.
 A .tar.gz has no random access: reading a member means decompressing everything before it. Callers
 that read many members take them through :meth:`ScanArchive.read_bytes` in archive order.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -88,7 +89,9 @@ class ScanArchive:
         members: Iterable[tuple[str, object, str | None]]  # (name, key to read it, reason to refuse)
         try:
             if self.kind == "folder":
-                members = sorted(self._walk(Path(exclude).resolve() if exclude is not None else None), key=lambda m: m[0])
+                members = sorted(
+                    self._walk(Path(exclude).resolve() if exclude is not None else None), key=lambda m: m[0]
+                )
             elif self.kind == "zip":
                 self._handle = zipfile.ZipFile(self.path)
                 members = [(info.filename, info, self._zip_problem(info)) for info in self._handle.infolist()]
@@ -98,7 +101,9 @@ class ScanArchive:
                 members = [(m.name, m, self._tar_problem(m)) for m in self._handle.getmembers()]
         except (*_MEMBER_ERRORS, zlib.error) as error:  # a damaged or truncated archive (gzip raises EOFError)
             self.close()
-            raise DataError(f"{self.path}: cannot list the archive ({type(error).__name__}: {error}); it is damaged or truncated") from error
+            raise DataError(
+                f"{self.path}: cannot list the archive ({type(error).__name__}: {error}); it is damaged or truncated"
+            ) from error
         self._index(members)
 
     # -- listing --------------------------------------------------------------------------------------
@@ -205,8 +210,10 @@ class ScanArchive:
                 with self._stream(i) as stream:
                     out[i] = stream.read()
             except _MEMBER_ERRORS as error:
-                out[i] = DataError(f"{self.label(i)}: cannot read the member ({type(error).__name__}: {error}); "
-                                   "it is damaged, encrypted or compressed in a way zipfile/tarfile cannot read")
+                out[i] = DataError(
+                    f"{self.label(i)}: cannot read the member ({type(error).__name__}: {error}); "
+                    "it is damaged, encrypted or compressed in a way zipfile/tarfile cannot read"
+                )
         return out
 
     def read(self, i: int, mode: str = "RGB", data: bytes | DataError | None = None) -> torch.Tensor:

@@ -8,6 +8,7 @@ Order: crop (only scans over the limit, to their own size clipped to the limit, 
 natural), flips, affine, colour jitter, noise. Geometric steps move image and mask alike; the mask
 is resampled nearest and filled with ignore_index where the affine leaves no data, the image with 0.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -17,12 +18,18 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from srforge.data.transforms import DataTransform
+from srforge.defaults import IGNORE_INDEX
 
 # Valid keys: top level, then each section's own.
-KEYS = {"hflip": None, "vflip": None, "noise": None, "ignore_index": None,
-        "affine": ("degrees", "translate", "scale", "shear"),
-        "color_jitter": ("brightness", "contrast", "saturation", "hue"),
-        "crop": ("max_height", "max_width")}
+KEYS = {
+    "hflip": None,
+    "vflip": None,
+    "noise": None,
+    "ignore_index": None,
+    "affine": ("degrees", "translate", "scale", "shear"),
+    "color_jitter": ("brightness", "contrast", "saturation", "hue"),
+    "crop": ("max_height", "max_width"),
+}
 
 
 def _check_keys(config: Mapping, valid, where: str) -> None:
@@ -60,10 +67,11 @@ def build_augmentation(config: Mapping | None) -> Augmentation:
     for section, valid in KEYS.items():
         if valid is not None and section in config:
             if not isinstance(config[section], Mapping):
-                raise ValueError(f"augmentation {section!r} must be a mapping with keys {list(valid)}, "
-                                 f"got {config[section]!r}")
+                raise ValueError(
+                    f"augmentation {section!r} must be a mapping with keys {list(valid)}, got {config[section]!r}"
+                )
             _check_keys(config[section], valid, f"augmentation {section!r}")
-    ignore_index = int(config.get("ignore_index", 255))
+    ignore_index = int(config.get("ignore_index", IGNORE_INDEX))
     steps: list = []
     if config.get("hflip"):
         steps.append(v2.RandomHorizontalFlip(p=float(config["hflip"])))
@@ -73,15 +81,23 @@ def build_augmentation(config: Mapping | None) -> Augmentation:
         affine = dict(config["affine"])
         if isinstance(affine.get("translate"), (int, float)):
             affine["translate"] = (affine["translate"], affine["translate"])
-        steps.append(v2.RandomAffine(degrees=affine.pop("degrees", 0), **affine,
-                                     interpolation=v2.InterpolationMode.BILINEAR,
-                                     fill={tv_tensors.Image: 0, tv_tensors.Mask: ignore_index}))
+        steps.append(
+            v2.RandomAffine(
+                degrees=affine.pop("degrees", 0),
+                **affine,
+                interpolation=v2.InterpolationMode.BILINEAR,
+                fill={tv_tensors.Image: 0, tv_tensors.Mask: ignore_index},
+            )
+        )
     if "color_jitter" in config:
         steps.append(v2.ColorJitter(**config["color_jitter"]))
     if config.get("noise"):
         # GaussianNoise works on float images; ToDtype with a plain dtype leaves masks alone.
-        steps += [v2.ToDtype(torch.float32, scale=True), v2.GaussianNoise(sigma=float(config["noise"])),
-                  v2.ToDtype(torch.uint8, scale=True)]
+        steps += [
+            v2.ToDtype(torch.float32, scale=True),
+            v2.GaussianNoise(sigma=float(config["noise"])),
+            v2.ToDtype(torch.uint8, scale=True),
+        ]
     crop = None
     if "crop" in config:
         crop = (int(config["crop"].get("max_height", 2**31)), int(config["crop"].get("max_width", 2**31)))

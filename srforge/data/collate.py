@@ -19,20 +19,10 @@ from typing import Any, Hashable
 import numpy as np
 import torch
 
-from .entry import Entry, _collate_field, _collate_mappings, _index_value
-from .memory import new_batch_buffer
-
-
-def divisor_pair(divisor: int | Sequence[int]) -> tuple[int, int]:
-    pair = tuple(divisor) if isinstance(divisor, (tuple, list)) else (divisor, divisor)
-    if len(pair) != 2 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1 for d in pair):
-        raise ValueError(f"divisor must be an int >= 1 or a pair (dh, dw) of them; found {divisor!r}.")
-    return int(pair[0]), int(pair[1])
-
-
-def round_up(n, d):
-    """``n`` rounded up to a multiple of ``d`` (ints, or numpy arrays of them)."""
-    return -(-n // d) * d
+from srforge.data.entry import Entry, _collate_field, _collate_mappings, _index_value
+from srforge.data.memory import new_batch_buffer
+from srforge.defaults import IGNORE_INDEX
+from srforge.geometry import crop_to_sizes, divisor_pair, round_up
 
 
 def pad_to_multiple(tensor: torch.Tensor, divisor: int | Sequence[int], value: float = 0) -> torch.Tensor:
@@ -46,20 +36,6 @@ def pad_to_multiple(tensor: torch.Tensor, divisor: int | Sequence[int], value: f
     return out
 
 
-def valid_mask(sizes: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """bool ``[B, 1, height, width]``: True where a pixel lies inside its sample's true ``sizes[b] = (H, W)``."""
-    rows = torch.arange(height, device=sizes.device) < sizes[:, 0, None]  # [B, height]
-    cols = torch.arange(width, device=sizes.device) < sizes[:, 1, None]  # [B, width]
-    return (rows[:, :, None] & cols[:, None, :]).unsqueeze(1)
-
-
-def crop_to_sizes(tensor: torch.Tensor, sizes: torch.Tensor) -> list[torch.Tensor]:
-    """Per-sample crops ``[..., H_i, W_i]`` (views) of a padded batch ``[B, ..., Hp, Wp]``."""
-    if tensor.shape[0] != sizes.shape[0]:
-        raise ValueError(f"crop_to_sizes: the tensor holds {tensor.shape[0]} samples but sizes has {sizes.shape[0]} rows.")
-    return [tensor[i, ..., :h, :w] for i, (h, w) in enumerate(sizes.tolist())]
-
-
 def _sample_label(sample: Any, index: int) -> str:
     name = sample.get("name") if isinstance(sample, Mapping) else None
     return f"sample {index} ('{name}')" if isinstance(name, str) else f"sample {index}"
@@ -71,11 +47,14 @@ def _spatial_tensor(value: Any, where: str) -> torch.Tensor:
         value = torch.from_numpy(np.ascontiguousarray(value))
     if not isinstance(value, torch.Tensor):
         raise TypeError(
-            f"{where}: expected a tensor or numpy array [..., H, W], found {type(value).__module__}.{type(value).__name__}. "
+            f"{where}: expected a tensor or numpy array [..., H, W], "
+            f"found {type(value).__module__}.{type(value).__name__}. "
             "Convert images with torchvision.transforms.v2.functional.pil_to_tensor (or to_image) in the Dataset."
         )
     if value.dim() < 2:
-        raise ValueError(f"{where}: expected a tensor [..., H, W] with at least 2 dims, found shape {list(value.shape)}.")
+        raise ValueError(
+            f"{where}: expected a tensor [..., H, W] with at least 2 dims, found shape {list(value.shape)}."
+        )
     if value.shape[-2] == 0 or value.shape[-1] == 0:
         raise ValueError(f"{where}: H and W must be at least 1, found shape {list(value.shape)}.")
     return value
@@ -108,7 +87,7 @@ class AlignedCollate:
         sizes_key: str = "sizes",
     ) -> None:
         self.divisor = divisor_pair(divisor)
-        self.pad = dict({"image": 0, "mask": 255} if pad is None else pad)
+        self.pad = dict({"image": 0, "mask": IGNORE_INDEX} if pad is None else pad)
         if not self.pad:
             raise ValueError("AlignedCollate needs at least one field to pad, e.g. pad={'image': 0}.")
         self.sizes_key = sizes_key
@@ -157,8 +136,8 @@ class AlignedCollate:
                 ref = tensors[key][0] if tensors[key] else t
                 if t.shape[:-2] != ref.shape[:-2] or t.dtype != ref.dtype:
                     raise ValueError(
-                        f"AlignedCollate: {label}, field {key!r}: expected leading dims {list(ref.shape[:-2])} and dtype "
-                        f"{ref.dtype} like sample 0, found {list(t.shape[:-2])} and {t.dtype}."
+                        f"AlignedCollate: {label}, field {key!r}: expected leading dims {list(ref.shape[:-2])} "
+                        f"and dtype {ref.dtype} like sample 0, found {list(t.shape[:-2])} and {t.dtype}."
                     )
                 tensors[key].append(t)
             sizes.append(size)
@@ -169,7 +148,9 @@ class AlignedCollate:
         return {key: self._pad_stack(ts, sizes, hp, wp, pad[key]) for key, ts in tensors.items()}, sizes_t
 
     @staticmethod
-    def _pad_stack(tensors: list[torch.Tensor], sizes: list[tuple[int, int]], hp: int, wp: int, value: float) -> torch.Tensor:
+    def _pad_stack(
+        tensors: list[torch.Tensor], sizes: list[tuple[int, int]], hp: int, wp: int, value: float
+    ) -> torch.Tensor:
         """``[B, ..., hp, wp]``: each sample top-left, ``value`` elsewhere; every element written once."""
         first = tensors[0]
         out = new_batch_buffer((len(tensors), *first.shape[:-2], hp, wp), first.dtype, first.device)

@@ -4,6 +4,7 @@ Images and masks pair by relative path and stem (``images/a/b.jpg`` with ``masks
 ``a/b``). Sizes come from file headers, cached beside the data, so size-grouped samplers and splits
 cost no decoding. Every bad file is a DataError that names it.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,11 @@ def find_pairs(root, images: str = "images", masks: str = "masks") -> tuple[list
     if not image_files:
         raise DataError(f"no images in {image_dir}; expected layout: {LAYOUT}")
     problems = [f"{image_files[k]}: no mask (expected {mask_dir / k}.png)" for k in image_files if k not in mask_files]
-    problems += [f"{mask_files[k]}: no image (expected {image_dir / k}.png or .jpg, .tif, .bmp)"
-                 for k in mask_files if k not in image_files]
+    problems += [
+        f"{mask_files[k]}: no image (expected {image_dir / k}.png or .jpg, .tif, .bmp)"
+        for k in mask_files
+        if k not in image_files
+    ]
     pairs = [(k, image_files[k], mask_files[k]) for k in image_files if k in mask_files]
     return pairs, problems
 
@@ -86,8 +90,9 @@ def open_image(source, label=None) -> Image.Image:
             "`PIL.Image.MAX_IMAGE_PIXELS = 500_000_000` (None disables the check)."
         ) from error
     except (UnidentifiedImageError, OSError, ValueError) as error:
-        raise DataError(f"{label}: cannot read as an image ({error}); the file is corrupt, empty or not an image") \
-            from error
+        raise DataError(
+            f"{label}: cannot read as an image ({error}); the file is corrupt, empty or not an image"
+        ) from error
 
 
 def _decode(source, label=None) -> Image.Image:
@@ -189,19 +194,29 @@ def measure_sizes(paths: Sequence, cache=None) -> list[tuple[int, int]]:
     return sizes
 
 
-def _pair_problems(image_path: Path, image: torch.Tensor, mask_path: Path, mask: torch.Tensor,
-                   num_classes: int | None, ignore_index: int) -> list[str]:
+def _pair_problems(
+    image_path: Path,
+    image: torch.Tensor,
+    mask_path: Path,
+    mask: torch.Tensor,
+    num_classes: int | None,
+    ignore_index: int,
+) -> list[str]:
     """What is wrong with a decoded pair: sizes that differ, class values out of range."""
     problems = []
     if tuple(mask.shape) != tuple(image.shape[1:]):
-        problems.append(f"{mask_path}: mask is {tuple(mask.shape)} (H, W) but its image {image_path} "
-                        f"is {tuple(image.shape[1:])}; they must match")
+        problems.append(
+            f"{mask_path}: mask is {tuple(mask.shape)} (H, W) but its image {image_path} "
+            f"is {tuple(image.shape[1:])}; they must match"
+        )
     if num_classes is not None:
         values = torch.unique(mask)
         bad = values[(values >= num_classes) & (values != ignore_index)].tolist()
         if bad:
-            problems.append(f"{mask_path}: mask values {bad[:20]} are >= num_classes={num_classes} and not "
-                            f"ignore_index={ignore_index}; fix the mask or num_classes")
+            problems.append(
+                f"{mask_path}: mask values {bad[:20]} are >= num_classes={num_classes} and not "
+                f"ignore_index={ignore_index}; fix the mask or num_classes"
+            )
     return problems
 
 
@@ -214,8 +229,16 @@ class SegmentationFolder(torch.utils.data.Dataset):
     Entry, e.g. an augmentation. Missing partners are reported all at once on construction.
     """
 
-    def __init__(self, root, images: str = "images", masks: str = "masks", image_mode: str = "RGB",
-                 num_classes: int | None = None, ignore_index: int = 255, transform: Callable | None = None):
+    def __init__(
+        self,
+        root,
+        images: str = "images",
+        masks: str = "masks",
+        image_mode: str = "RGB",
+        num_classes: int | None = None,
+        ignore_index: int = 255,
+        transform: Callable | None = None,
+    ):
         self.root = Path(root)
         self.image_mode, self.num_classes, self.ignore_index = image_mode, num_classes, ignore_index
         self.transform = transform
@@ -247,8 +270,14 @@ class SegmentationFolder(torch.utils.data.Dataset):
         return self.transform(entry) if self.transform is not None else entry
 
 
-def check_folder(root, images: str = "images", masks: str = "masks", num_classes: int | None = None,
-                 ignore_index: int = 255, image_mode: str = "RGB") -> tuple[int, list[str]]:
+def check_folder(
+    root,
+    images: str = "images",
+    masks: str = "masks",
+    num_classes: int | None = None,
+    ignore_index: int = 255,
+    image_mode: str = "RGB",
+) -> tuple[int, list[str]]:
     """Fully decode every pair under root; returns (number of pairs, every problem found)."""
     try:
         pairs, problems = find_pairs(root, images, masks)

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from .memory import new_batch_buffer
+from srforge.data.memory import new_batch_buffer
 
 
 def _kind(value: Any) -> str:

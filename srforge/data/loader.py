@@ -11,7 +11,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .entry import Entry
+from srforge.data.entry import Entry
 
 
 class GeneralCollation:

@@ -3,6 +3,7 @@
 Both work from a list of true sizes [(H, W), ...], which any Dataset may offer through ``sizes()``
 (SegmentationFolder reads them from file headers, so building either costs no pixel decoding).
 """
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
-from srforge.data.collate import divisor_pair, round_up
+from srforge.geometry import divisor_pair, round_up
 
 
 def _as_sizes(sizes) -> np.ndarray:
@@ -120,10 +121,20 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
     epoch; 0.05 gives 5.7% and 30%; 0.1 gives 7.7% and 17%.
     """
 
-    def __init__(self, sizes, batch_size: int | None = None, max_pixels: int | None = None,
-                 divisor: int | Sequence[int] = 32, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, num_replicas: int = 1, rank: int = 0, pool_size: int = 4096,
-                 jitter: float = 0.02):
+    def __init__(
+        self,
+        sizes,
+        batch_size: int | None = None,
+        max_pixels: int | None = None,
+        divisor: int | Sequence[int] = 32,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_replicas: int = 1,
+        rank: int = 0,
+        pool_size: int = 4096,
+        jitter: float = 0.02,
+    ):
         if (batch_size is None) == (max_pixels is None):
             raise ValueError("give exactly one of batch_size (scans per batch) or max_pixels (pixels per batch)")
         if batch_size is not None and batch_size < 1:
@@ -168,11 +179,11 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         per_batch = self.batch_size or max(1, int(self.max_pixels // self.aligned.prod(axis=1).mean()))
         batches = []
         for start in range(0, n, self.pool_size):
-            pool = _grouped_order(self.aligned, order[start:start + self.pool_size], per_batch, rng, self.jitter)
+            pool = _grouped_order(self.aligned, order[start : start + self.pool_size], per_batch, rng, self.jitter)
             if self.max_pixels is not None:
                 batches += _cut_by_pixels(pool, self.aligned, self.max_pixels)
             else:
-                batches += [pool[i:i + step] for i in range(0, len(pool), step)]
+                batches += [pool[i : i + step] for i in range(0, len(pool), step)]
         if self.drop_last and self.batch_size is not None and len(batches[-1]) < self.batch_size:
             batches.pop()
         if rng is not None:
@@ -188,7 +199,7 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
             elif total % self.num_replicas:
                 extra = self.num_replicas - total % self.num_replicas
                 batches = batches + [batches[i % total] for i in range(extra)]
-            mine = [b.tolist() for b in batches[self.rank::self.num_replicas]]
+            mine = [b.tolist() for b in batches[self.rank :: self.num_replicas]]
             self._cache = ((self.seed, self.epoch), mine)
         return self._cache[1]
 

@@ -8,6 +8,7 @@ and heights 480-640 px; ``scale`` shrinks every length but keeps curves at least
 
 Scan i depends only on (seed, i), never on n, so growing a set keeps its first scans.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
@@ -54,12 +55,13 @@ def _gaps(rng, width: int) -> np.ndarray:
     gap = np.zeros(width, bool)
     for _ in range(rng.integers(0, 3)):
         start, length = rng.integers(width), int(rng.uniform(0.005, 0.04) * width)
-        gap[start:start + length] = True
+        gap[start : start + length] = True
     return gap
 
 
-def welllog_scan(index: int, seed: int = 0, scale: float = 1.0,
-                 classes: str = "binary") -> tuple[np.ndarray, np.ndarray]:
+def welllog_scan(
+    index: int, seed: int = 0, scale: float = 1.0, classes: str = "binary"
+) -> tuple[np.ndarray, np.ndarray]:
     """One synthetic scan: image uint8 [H, W, 3] and mask uint8 [H, W] (0 background; 1 curve, or 1-3 by style)."""
     if classes not in CLASSES:
         raise ValueError(f"classes must be one of {sorted(CLASSES)}, got {classes!r}")
@@ -131,10 +133,12 @@ def welllog_scan(index: int, seed: int = 0, scale: float = 1.0,
     # The same slight skew (depth axis drifting across the scan) for image and mask, then blur the image only.
     shear = rng.uniform(-1.5, 1.5) / w
     affine = (1, 0, 0, shear, 1, -shear * w / 2)
-    rgb = rgb.transform((w, h), Image.Transform.AFFINE, affine, Image.Resampling.BILINEAR,
-                        fillcolor=tuple(int(c) for c in paper))
-    skewed = Image.fromarray(mask).transform((w, h), Image.Transform.AFFINE, affine, Image.Resampling.NEAREST,
-                                             fillcolor=0)
+    rgb = rgb.transform(
+        (w, h), Image.Transform.AFFINE, affine, Image.Resampling.BILINEAR, fillcolor=tuple(int(c) for c in paper)
+    )
+    skewed = Image.fromarray(mask).transform(
+        (w, h), Image.Transform.AFFINE, affine, Image.Resampling.NEAREST, fillcolor=0
+    )
     # A 3x3 Gaussian: the scanner's softness is under a pixel, and PIL's GaussianBlur costs 20x more.
     a = float(np.exp(-1 / (2 * (rng.uniform(0.3, 0.7) * min(1.0, scale * 2)) ** 2)))
     rgb = rgb.filter(ImageFilter.Kernel((3, 3), [a * a, a, a * a, a, 1, a, a * a, a, a * a]))
@@ -153,8 +157,9 @@ def _write_scan(out: Path, index: int, scale: float, seed: int, classes: str) ->
     return out / "images" / name
 
 
-def make_welllog_scans(out_dir, n: int, scale: float = 1.0, seed: int = 0, classes: str = "binary",
-                       workers: int = 1) -> list[Path]:
+def make_welllog_scans(
+    out_dir, n: int, scale: float = 1.0, seed: int = 0, classes: str = "binary", workers: int = 1
+) -> list[Path]:
     """Write n scans as out_dir/images/scan_XXXXX.png and out_dir/masks/scan_XXXXX.png; return the image paths.
 
     The folder is what SegmentationFolder(out_dir) reads; mask values follow ``CLASSES[classes]``.

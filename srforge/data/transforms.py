@@ -22,7 +22,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from .entry import Entry
+from srforge.data.entry import Entry
 
 
 def _field_parameters(method) -> list[str]:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from srforge.defaults import IGNORE_INDEX
 
-def dice_loss(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = 255, eps: float = 1.0) -> torch.Tensor:
+
+def dice_loss(
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int = IGNORE_INDEX, eps: float = 1.0
+) -> torch.Tensor:
     """1 - mean soft Dice over classes, on pixels whose target is not ``ignore_index``.
 
     logits [B, K, H, W] (any float dtype; computed in float32), target [B, H, W] int64 -> scalar.
@@ -21,7 +25,7 @@ def dice_loss(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = 25
 
 
 def segmentation_loss(
-    logits: torch.Tensor, target: torch.Tensor, ignore_index: int = 255, dice_weight: float = 0.0
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int = IGNORE_INDEX, dice_weight: float = 0.0
 ) -> torch.Tensor:
     """Cross-entropy over valid pixels (+ ``dice_weight`` * Dice loss). logits [B, K, H, W], target [B, H, W]."""
     if not (target != ignore_index).any():

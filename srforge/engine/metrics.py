@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from srforge.defaults import IGNORE_INDEX
+
 
 def class_map(scores: torch.Tensor, dim: int = 1) -> torch.Tensor:
     """``scores.argmax(dim)`` as int64: the class of each pixel, ties to the lower class, as argmax.
@@ -22,7 +24,9 @@ def class_map(scores: torch.Tensor, dim: int = 1) -> torch.Tensor:
     return index
 
 
-def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int = 255) -> torch.Tensor:
+def confusion_matrix(
+    pred: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
     """int64 [K, K] counts, rows = true class, columns = predicted, over pixels whose target is a class.
 
     pred and target are [B, H, W] (or any equal shapes) of class ids. Padded pixels carry ``ignore_index``,

@@ -16,6 +16,7 @@ in its folder and renamed over the final name (os.replace), so a kill never leav
 rerun treats a scan as done when each of its outputs decodes and has the scan's size, and removes the
 temporaries a killed run left behind.
 """
+
 from __future__ import annotations
 
 import csv
@@ -34,9 +35,10 @@ from tqdm import tqdm
 
 from srforge.atomic import atomic_write, atomic_write_text, remove_stale_temporaries
 from srforge.data.archive import ScanArchive
-from srforge.data.collate import AlignedCollate, crop_to_sizes, round_up
+from srforge.data.collate import AlignedCollate
 from srforge.data.datasets import DataError, scan_stem
 from srforge.data.sampling import SizeGroupedBatchSampler
+from srforge.defaults import PRECISIONS
 from srforge.engine.checkpoint import (
     class_names_or_default,
     load_checkpoint,
@@ -45,6 +47,7 @@ from srforge.engine.checkpoint import (
 from srforge.engine.device import autocast, resolve_device
 from srforge.engine.metrics import class_map
 from srforge.engine.tiling import predict_tiled, tile_shape
+from srforge.geometry import crop_to_sizes, round_up
 
 # Pixels per batch (n * Hp * Wp); a scan over it alone is tiled. On a GPU batching fills the device (a full-scale
 # 640 x 12,800 scan fits). On CPU batches are slower per scan than one scan at a time (benchmarks/bench_predict.py,
@@ -53,8 +56,18 @@ from srforge.engine.tiling import predict_tiled, tile_shape
 DEFAULT_MAX_PIXELS = {"cpu": 2**22, "cuda": 2**24}
 DEFAULT_MAX_BATCH = {"cpu": 1, "cuda": None}
 POOL = 32  # scans read ahead together from an archive without random access (.tar.gz)
-_COLORS = [(230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48), (145, 30, 180), (70, 240, 240),
-           (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128)]
+_COLORS = [
+    (230, 25, 75),
+    (60, 180, 75),
+    (0, 130, 200),
+    (245, 130, 48),
+    (145, 30, 180),
+    (70, 240, 240),
+    (240, 50, 230),
+    (210, 245, 60),
+    (250, 190, 212),
+    (0, 128, 128),
+]
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
@@ -101,9 +114,11 @@ def _save_png(array: np.ndarray, mode: str) -> Callable[[Any], None]:
 def output_paths(out_dir: Path, name: str) -> dict[str, Path]:
     """Where scan ``name`` (a safe relative path) writes each output."""
     stem = scan_stem(name)  # the key ScanArchive checks for clashes: scan.v1.tif and scan.v2.tif stay apart
-    return {"mask": out_dir / "masks" / f"{stem}.png",
-            "overlay": out_dir / "overlays" / f"{stem}.png",
-            "probabilities": out_dir / "probabilities" / f"{stem}.npy"}
+    return {
+        "mask": out_dir / "masks" / f"{stem}.png",
+        "overlay": out_dir / "overlays" / f"{stem}.png",
+        "probabilities": out_dir / "probabilities" / f"{stem}.npy",
+    }
 
 
 def write_report(out_dir: Path, rows: list[dict], summary: dict, class_names: Sequence[str]) -> None:
@@ -122,8 +137,15 @@ def write_report(out_dir: Path, rows: list[dict], summary: dict, class_names: Se
 
 def _row(name, status, size=None, error=None, fractions=None, ms=None) -> dict:
     height, width = size if size is not None else (None, None)
-    return {"name": name, "status": status, "height": height, "width": width, "error": error,
-            "fractions": fractions, "ms": None if ms is None else round(ms, 2)}
+    return {
+        "name": name,
+        "status": status,
+        "height": height,
+        "width": width,
+        "error": error,
+        "fractions": fractions,
+        "ms": None if ms is None else round(ms, 2),
+    }
 
 
 def _done(paths: dict[str, Path], size: tuple[int, int], k: int, wanted: Sequence[str]) -> torch.Tensor | None:
@@ -136,9 +158,16 @@ def _done(paths: dict[str, Path], size: tuple[int, int], k: int, wanted: Sequenc
     return torch.from_numpy(mask.astype(np.int64))
 
 
-def predict_archive(predictor: Predictor, archive: ScanArchive, out_dir, overlay: bool = False,
-                    probabilities: bool = False, overwrite: bool = False, strict: bool = False,
-                    progress: bool = True) -> dict[str, Any]:
+def predict_archive(
+    predictor: Predictor,
+    archive: ScanArchive,
+    out_dir,
+    overlay: bool = False,
+    probabilities: bool = False,
+    overwrite: bool = False,
+    strict: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Predict every scan of ``archive`` into ``out_dir`` (layout in the module docstring); returns the summary.
 
     Statuses: ok (predicted now), skipped (complete outputs found, ``overwrite=False``), failed (unreadable
@@ -171,7 +200,7 @@ def predict_archive(predictor: Predictor, archive: ScanArchive, out_dir, overlay
             rows.append(_row(name, "skipped", size, fractions=class_fractions(mask, k)))
             bar.update()
 
-    pools = [todo[j:j + POOL] for j in range(0, len(todo), POOL)] if archive.sequential else [todo]
+    pools = [todo[j : j + POOL] for j in range(0, len(todo), POOL)] if archive.sequential else [todo]
     for pool in [] if stop or not todo else pools:
         data = archive.read_bytes(pool) if archive.sequential else {}
         for batch in predictor.plan([sizes[i] for i in pool]):
@@ -209,9 +238,16 @@ def predict_archive(predictor: Predictor, archive: ScanArchive, out_dir, overlay
 
     seconds = time.perf_counter() - start
     counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "skipped", "failed", "rejected")}
-    summary = {"scans": len(rows), **counts, "stopped_early": stop, "seconds": round(seconds, 3),
-               "scans_per_second": round(counts["ok"] / seconds, 3) if seconds > 0 else None,
-               "classes": list(predictor.class_names), "input": str(archive.path), "output": str(out_dir)}
+    summary = {
+        "scans": len(rows),
+        **counts,
+        "stopped_early": stop,
+        "seconds": round(seconds, 3),
+        "scans_per_second": round(counts["ok"] / seconds, 3) if seconds > 0 else None,
+        "classes": list(predictor.class_names),
+        "input": str(archive.path),
+        "output": str(out_dir),
+    }
     write_report(out_dir, sorted(rows, key=lambda r: r["name"]), summary, predictor.class_names)
     return summary
 
@@ -228,11 +264,19 @@ class Predictor:
     ``precision``: fp32, bf16 or fp16 (autocast).
     """
 
-    def __init__(self, model: torch.nn.Module, class_names: Sequence[str] | None = None, device="cpu",
-                 precision: str = "fp32", max_pixels: int | None = None, overlap: int | None = None,
-                 image_mode: str | None = None, max_batch: int | str | None = "auto"):
-        if precision not in ("fp32", "bf16", "fp16"):
-            raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        class_names: Sequence[str] | None = None,
+        device="cpu",
+        precision: str = "fp32",
+        max_pixels: int | None = None,
+        overlap: int | None = None,
+        image_mode: str | None = None,
+        max_batch: int | str | None = "auto",
+    ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {precision!r}")
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.divisor, self.num_classes = model.size_divisor, model.num_classes
@@ -240,8 +284,10 @@ class Predictor:
         self.precision = precision
         self.max_pixels = int(max_pixels or DEFAULT_MAX_PIXELS.get(self.device.type, DEFAULT_MAX_PIXELS["cpu"]))
         if self.max_pixels < 4 * self.divisor**2:
-            raise ValueError(f"max_pixels={self.max_pixels} is below one {2 * self.divisor}x{2 * self.divisor} tile "
-                             f"(size_divisor {self.divisor}); raise it")
+            raise ValueError(
+                f"max_pixels={self.max_pixels} is below one {2 * self.divisor}x{2 * self.divisor} tile "
+                f"(size_divisor {self.divisor}); raise it"
+            )
         self.max_batch = DEFAULT_MAX_BATCH.get(self.device.type) if max_batch == "auto" else max_batch
         self.overlap = 4 * self.divisor if overlap is None else int(overlap)
         if self.overlap < 0:
@@ -252,13 +298,28 @@ class Predictor:
         self.collate = AlignedCollate(self.divisor, pad={"image": 0})
 
     @classmethod
-    def from_checkpoint(cls, path, device="auto", precision: str = "fp32", max_pixels: int | None = None,
-                        overlap: int | None = None, max_batch: int | str | None = "auto") -> Predictor:
+    def from_checkpoint(
+        cls,
+        path,
+        device="auto",
+        precision: str = "fp32",
+        max_pixels: int | None = None,
+        overlap: int | None = None,
+        max_batch: int | str | None = "auto",
+    ) -> Predictor:
         """The Predictor a checkpoint describes: weights, divisor, classes, normalisation, image mode."""
         ckpt = load_checkpoint(path)
         dataset_args = (ckpt.get("config") or {}).get("data", {}).get("dataset", {}).get("args", {})
-        return cls(model_from_checkpoint(ckpt, path), ckpt["class_names"], device, precision, max_pixels, overlap,
-                   dataset_args.get("image_mode"), max_batch)
+        return cls(
+            model_from_checkpoint(ckpt, path),
+            ckpt["class_names"],
+            device,
+            precision,
+            max_pixels,
+            overlap,
+            dataset_args.get("image_mode"),
+            max_batch,
+        )
 
     def plan(self, sizes: Sequence[tuple[int, int]]) -> list[list[int]]:
         """Indices into ``sizes`` grouped into batches under the pixel budget (an oversized scan alone)."""
@@ -266,7 +327,7 @@ class Predictor:
             return []
         batches = SizeGroupedBatchSampler(sizes, max_pixels=self.max_pixels, divisor=self.divisor, shuffle=False)
         step = self.max_batch or len(sizes)
-        return [batch[j:j + step] for batch in batches for j in range(0, len(batch), step)]
+        return [batch[j : j + step] for batch in batches for j in range(0, len(batch), step)]
 
     def _aligned_area(self, image: torch.Tensor) -> int:
         return int(np.prod([round_up(n, self.divisor) for n in image.shape[-2:]]))
@@ -286,8 +347,16 @@ class Predictor:
         if len(images) == 1 and self._aligned_area(images[0]) > self.max_pixels:
             image = images[0]
             tile = tile_shape(*image.shape[-2:], self.max_pixels, self.divisor)
-            return [predict_tiled(self.run_batch, image, tile, self.overlap, self.divisor,
-                                  max(1, self.max_pixels // (tile[0] * tile[1])))]
+            return [
+                predict_tiled(
+                    self.run_batch,
+                    image,
+                    tile,
+                    self.overlap,
+                    self.divisor,
+                    max(1, self.max_pixels // (tile[0] * tile[1])),
+                )
+            ]
         return self.run_batch(images)
 
     def _check(self, images: Sequence[torch.Tensor]) -> None:

@@ -7,13 +7,14 @@ least ~overlap / 2 from any tile border that is not a scan border, where zero pa
 convolutions. What tiling cannot keep is the whole-scan GroupNorm statistics: each tile normalises
 over itself. benchmarks/bench_predict.py and tests/test_predict.py measure how many pixels change.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
 
-from srforge.data.collate import round_up
+from srforge.geometry import round_up
 
 
 def _floor_to(n: int, d: int) -> int:
@@ -51,8 +52,14 @@ def tile_shape(height: int, width: int, max_pixels: int, divisor: int) -> tuple[
     return side, side
 
 
-def predict_tiled(run_batch: Callable[[list[torch.Tensor]], list[torch.Tensor]], image: torch.Tensor,
-                  tile: tuple[int, int], overlap: int, divisor: int, tiles_per_batch: int = 1) -> torch.Tensor:
+def predict_tiled(
+    run_batch: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+    image: torch.Tensor,
+    tile: tuple[int, int],
+    overlap: int,
+    divisor: int,
+    tiles_per_batch: int = 1,
+) -> torch.Tensor:
     """Per-pixel outputs [K, H, W] of ``image`` [C, H, W], stitched from tiles.
 
     ``run_batch`` maps a list of tiles [C, h, w] to their outputs [K, h, w] (it pads, runs the model and
@@ -64,10 +71,10 @@ def predict_tiled(run_batch: Callable[[list[torch.Tensor]], list[torch.Tensor]],
     tiles = [(y, x) for y in ys for x in xs]
     out = None
     for first in range(0, len(tiles), tiles_per_batch):
-        chunk = tiles[first:first + tiles_per_batch]
-        results = run_batch([image[:, y[0]:y[1], x[0]:x[1]] for y, x in chunk])
+        chunk = tiles[first : first + tiles_per_batch]
+        results = run_batch([image[:, y[0] : y[1], x[0] : x[1]] for y, x in chunk])
         for ((y0, _, ky0, ky1), (x0, _, kx0, kx1)), result in zip(chunk, results):
             if out is None:
                 out = result.new_empty((result.shape[0], height, width))
-            out[:, ky0:ky1, kx0:kx1] = result[:, ky0 - y0:ky1 - y0, kx0 - x0:kx1 - x0]
+            out[:, ky0:ky1, kx0:kx1] = result[:, ky0 - y0 : ky1 - y0, kx0 - x0 : kx1 - x0]
     return out

@@ -89,7 +89,13 @@ def _rng_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": pos,
+            "has_gauss": has_gauss,
+            "gauss": gauss,
+        },
         "python": list(random.getstate()[1]),
         "python_version": random.getstate()[0],
     }
@@ -178,7 +184,9 @@ def evaluate(model, loader, device, cfg) -> dict[str, Any]:
         with autocast(device, cfg["train"]["precision"]):
             logits = model(image, sizes)
         valid = int((mask != ignore).sum())
-        loss_sum += torch.tensor([float(segmentation_loss(logits, mask, ignore)) * valid, valid], dtype=torch.float64, device=device)
+        loss_sum += torch.tensor(
+            [float(segmentation_loss(logits, mask, ignore)) * valid, valid], dtype=torch.float64, device=device
+        )
         confusion += confusion_matrix(class_map(logits), mask, k, ignore)
     _reduce(confusion)
     _reduce(loss_sum)
@@ -236,7 +244,10 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
     main = rank == 0
     tcfg, dcfg, mcfg = cfg["train"], cfg["data"], cfg["model"]
     if tcfg["precision"] == "bf16" and device.type == "cpu" and not _cpu_has_native_bf16():
-        warnings.warn("train.precision=bf16 on a CPU without native bf16 (no avx512_bf16/amx): expect it to run many times slower than fp32.")
+        warnings.warn(
+            "train.precision=bf16 on a CPU without native bf16 (no avx512_bf16/amx): "
+            "expect it to run many times slower than fp32."
+        )
 
     ckpt = None
     if resume is not None:
@@ -249,18 +260,36 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
     _maybe_generate_synthetic(cfg, rank)
     train_view, val_view, train_sizes, val_sizes = build_data(cfg, run_dir)
 
-    model_args = {k: mcfg[k] for k in ("in_channels", "num_classes", "base_channels", "depth", "max_channels", "padding_aware")}
+    model_args = {
+        k: mcfg[k] for k in ("in_channels", "num_classes", "base_channels", "depth", "max_channels", "padding_aware")
+    }
     model = UNet(**model_args).to(device)
     if tcfg["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
     class_names = class_names_or_default(mcfg["class_names"], mcfg["num_classes"])
     collate = AlignedCollate(model.size_divisor, pad={"image": 0, "mask": dcfg["ignore_index"]})
     sampler = SizeGroupedBatchSampler(
-        train_sizes, batch_size=dcfg["batch_size"], max_pixels=dcfg["max_pixels"], divisor=model.size_divisor,
-        shuffle=True, seed=cfg["run"]["seed"], num_replicas=world, rank=rank,
+        train_sizes,
+        batch_size=dcfg["batch_size"],
+        max_pixels=dcfg["max_pixels"],
+        divisor=model.size_divisor,
+        shuffle=True,
+        seed=cfg["run"]["seed"],
+        num_replicas=world,
+        rank=rank,
     )
-    val_batches = list(SizeGroupedBatchSampler(val_sizes, batch_size=dcfg["batch_size"], max_pixels=dcfg["max_pixels"], divisor=model.size_divisor, shuffle=False))
-    val_loader = DataLoader(val_view, batch_sampler=val_batches[rank::world], collate_fn=collate, num_workers=dcfg["num_workers"])
+    val_batches = list(
+        SizeGroupedBatchSampler(
+            val_sizes,
+            batch_size=dcfg["batch_size"],
+            max_pixels=dcfg["max_pixels"],
+            divisor=model.size_divisor,
+            shuffle=False,
+        )
+    )
+    val_loader = DataLoader(
+        val_view, batch_sampler=val_batches[rank::world], collate_fn=collate, num_workers=dcfg["num_workers"]
+    )
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg["lr"], weight_decay=tcfg["weight_decay"])
     total_steps = tcfg["epochs"] * len(sampler)
@@ -285,15 +314,27 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
     if tcfg["compile"]:
         net = torch.compile(net, dynamic=True)
     if world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+        net = torch.nn.parallel.DistributedDataParallel(
+            net, device_ids=[device.index] if device.type == "cuda" else None
+        )
 
     def checkpoint(epoch: int, batches_done: int, metric: float) -> dict[str, Any]:
         return {
-            "model": model.state_dict(), "model_args": model_args, "size_divisor": model.size_divisor,
-            "class_names": class_names, "ignore_index": dcfg["ignore_index"], "config": cfg,
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-            "epoch": epoch, "step": step, "batches_done": batches_done, "sampler": sampler.state_dict(),
-            "rng": _rng_state(), "best_metric": metric,
+            "model": model.state_dict(),
+            "model_args": model_args,
+            "size_divisor": model.size_divisor,
+            "class_names": class_names,
+            "ignore_index": dcfg["ignore_index"],
+            "config": cfg,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(),
+            "epoch": epoch,
+            "step": step,
+            "batches_done": batches_done,
+            "sampler": sampler.state_dict(),
+            "rng": _rng_state(),
+            "best_metric": metric,
         }
 
     writer = _tensorboard(run_dir) if main else None
@@ -305,8 +346,16 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
         sampler.set_epoch(epoch)
         train_view.set_epoch(epoch)
         batches = list(sampler)[skip:]
-        loader = DataLoader(train_view, batch_sampler=batches, collate_fn=collate, num_workers=dcfg["num_workers"], pin_memory=device.type == "cuda")
-        bar = tqdm(loader, total=len(batches), desc=f"epoch {epoch + 1}/{tcfg['epochs']}", disable=not main, leave=False)
+        loader = DataLoader(
+            train_view,
+            batch_sampler=batches,
+            collate_fn=collate,
+            num_workers=dcfg["num_workers"],
+            pin_memory=device.type == "cuda",
+        )
+        bar = tqdm(
+            loader, total=len(batches), desc=f"epoch {epoch + 1}/{tcfg['epochs']}", disable=not main, leave=False
+        )
         stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, batches, real pixels
         confusion = torch.zeros(k, k, dtype=torch.int64, device=device)
         started, done, epoch_saved = time.perf_counter(), skip, False
@@ -321,7 +370,9 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
                     logits = net(image, sizes)
                 loss = segmentation_loss(logits, mask, ignore, tcfg["dice_weight"])
                 if not _all_finite(loss):
-                    message = f"non-finite loss {loss.item()} at step {step + 1} (epoch {epoch + 1}) on samples {batch.name}"
+                    message = (
+                        f"non-finite loss {loss.item()} at step {step + 1} (epoch {epoch + 1}) on samples {batch.name}"
+                    )
                     if not tcfg["skip_nonfinite"]:
                         raise NonFiniteLossError(message + "; set train.skip_nonfinite=true to skip such batches.")
                     if main:
@@ -341,23 +392,37 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
                 done += 1
                 with torch.no_grad():
                     confusion += confusion_matrix(class_map(logits), mask, k, ignore)
-                stats += torch.tensor([loss.item(), 1, float(batch.sizes.prod(1).sum())], dtype=torch.float64, device=device)
+                stats += torch.tensor(
+                    [loss.item(), 1, float(batch.sizes.prod(1).sum())], dtype=torch.float64, device=device
+                )
                 seconds = time.perf_counter() - started
                 miou = scores(confusion.cpu())["mean_iou"]
-                bar.set_postfix(loss=f"{stats[0] / stats[1]:.4f}", mIoU=f"{miou:.3f}", px_s=f"{stats[2] * world / seconds:.3g}")
+                bar.set_postfix(
+                    loss=f"{stats[0] / stats[1]:.4f}", mIoU=f"{miou:.3f}", px_s=f"{stats[2] * world / seconds:.3g}"
+                )
             skip = 0
             seconds = time.perf_counter() - started
             _reduce(stats)
             row: dict[str, Any] = {
-                "epoch": epoch + 1, "step": step, "lr": scheduler.get_last_lr()[0],
+                "epoch": epoch + 1,
+                "step": step,
+                "lr": scheduler.get_last_lr()[0],
                 "train_loss": float(stats[0] / max(stats[1], 1)),
                 "train_mean_iou": scores(_reduce(confusion).cpu())["mean_iou"],
-                "real_pixels_per_s": float(stats[2] / seconds), "seconds": seconds,
+                "real_pixels_per_s": float(stats[2] / seconds),
+                "seconds": seconds,
             }
             if (epoch + 1) % tcfg["val_every"] == 0 or epoch + 1 == tcfg["epochs"]:
                 val = evaluate(model, val_loader, device, cfg)
-                row.update({"val_loss": val["loss"], "val_mean_iou": val["mean_iou"], "val_pixel_accuracy": val["pixel_accuracy"],
-                            "val_iou": val["iou"], "val_dice": val["dice"]})
+                row.update(
+                    {
+                        "val_loss": val["loss"],
+                        "val_mean_iou": val["mean_iou"],
+                        "val_pixel_accuracy": val["pixel_accuracy"],
+                        "val_iou": val["iou"],
+                        "val_dice": val["dice"],
+                    }
+                )
                 if math.isfinite(val["mean_iou"]) and val["mean_iou"] > best:
                     best = val["mean_iou"]
                     if main:
@@ -370,15 +435,19 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
                     for key, value in row.items():
                         if isinstance(value, float):
                             writer.add_scalar(key, value, step)
-                shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if not isinstance(v, list)}
+                shown = {
+                    k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if not isinstance(v, list)
+                }
                 tqdm.write(f"srforge: {json.dumps(shown)}")
         except KeyboardInterrupt:
             # Anywhere in the epoch, validation and saving included: last.pt records how far it got.
             if main:
                 if not epoch_saved:
                     save_checkpoint(checkpoint(epoch, done, best), run_dir / "last.pt")
-                print(f"\nsrforge: interrupted; wrote {run_dir / 'last.pt'} (epoch {epoch + 1}, {done} batches done). "
-                      f"Continue with --resume {run_dir}")
+                print(
+                    f"\nsrforge: interrupted; wrote {run_dir / 'last.pt'} (epoch {epoch + 1}, {done} batches done). "
+                    f"Continue with --resume {run_dir}"
+                )
             raise
         summary.update(row)
     summary["best_mean_iou"] = best

@@ -12,8 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from srforge.data.collate import valid_mask
-
 
 def group_count(channels: int, max_groups: int = 32, min_group_size: int = 4) -> int:
     """Number of GroupNorm groups for ``channels``: the largest divisor of ``channels`` that is at most
@@ -25,17 +23,6 @@ def group_count(channels: int, max_groups: int = 32, min_group_size: int = 4) ->
         raise ValueError(f"group_count: channels must be >= 1, got {channels}")
     limit = min(max_groups, channels // min_group_size)
     return max((g for g in range(1, limit + 1) if channels % g == 0), default=1)
-
-
-def level_mask(sizes: torch.Tensor, height: int, width: int, stride: int = 1) -> torch.Tensor:
-    """Valid-pixel mask of a padded batch at resolution 1 / stride.
-
-    sizes: [B, 2] int64 true (H, W) at full resolution, each scan in the top-left corner of its slot.
-    height, width: the padded size at this resolution (full size // stride).
-    Returns [B, 1, height, width] float32: 1 where the position covers a true pixel, 0 on padding. At stride s a
-    scan of true size H covers ceil(H / s) rows, because a row that mixes true and padded pixels is still valid.
-    """
-    return valid_mask((sizes.to(torch.int64) + stride - 1) // stride, height, width).float()
 
 
 def _group_stats(s1: torch.Tensor, s2: torch.Tensor, count: torch.Tensor, num_groups: int, eps: float):
@@ -141,12 +128,15 @@ def masked_group_norm(
     x: [B, C, H, W] any float dtype (channels_last is fine); mask: [B, 1, H, W], 1 valid / 0 padded.
     weight, bias: [C] affine parameters, or None.
     Returns [B, C, H, W] in x's dtype and memory format, 0 at padded positions. Statistics are computed in
-    float32 (also under bf16 autocast; float64 stays float64), in one pass: sum x and sum x^2 over valid pixels via multiplication by
-    the mask, so there is no gather and no per-sample loop, and padded values, whatever they are, count 0.
+    float32 (also under bf16 autocast; float64 stays float64), in one pass: sum x and sum x^2 over valid pixels
+    via multiplication by the mask, so there is no gather and no per-sample loop, and padded values, whatever
+    they are, count 0.
     """
     if mask.shape != (x.shape[0], 1, *x.shape[2:]):
-        raise ValueError(f"masked_group_norm: mask must be [B, 1, H, W] = {[x.shape[0], 1, *x.shape[2:]]} "
-                         f"for x {list(x.shape)}, got {list(mask.shape)}")
+        raise ValueError(
+            f"masked_group_norm: mask must be [B, 1, H, W] = {[x.shape[0], 1, *x.shape[2:]]} "
+            f"for x {list(x.shape)}, got {list(mask.shape)}"
+        )
     if x.shape[1] % num_groups:
         raise ValueError(f"masked_group_norm: {x.shape[1]} channels do not split into {num_groups} groups")
     return _MaskedGroupNorm.apply(x, mask, num_groups, weight, bias, eps)

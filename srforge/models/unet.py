@@ -5,8 +5,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from srforge.data.collate import round_up
-from srforge.models.norm import GroupNorm2d, level_mask
+from srforge.geometry import level_mask, round_up
+from srforge.models.norm import GroupNorm2d
 
 
 def _check_input(image: torch.Tensor, in_channels: int, divisor: int) -> None:
@@ -26,14 +26,17 @@ def _check_sizes(sizes: torch.Tensor, image: torch.Tensor) -> None:
     """Raise ValueError unless sizes is [B, 2] integer with 1 <= size <= padded size."""
     batch, _, height, width = image.shape
     if sizes.shape != (batch, 2) or sizes.is_floating_point():
-        raise ValueError(f"UNet sizes must be an integer [B={batch}, 2] tensor of true (H, W), got "
-                         f"{sizes.dtype} {tuple(sizes.shape)}")
+        raise ValueError(
+            f"UNet sizes must be an integer [B={batch}, 2] tensor of true (H, W), got "
+            f"{sizes.dtype} {tuple(sizes.shape)}"
+        )
     if torch.compiler.is_compiling():  # reading values would force a graph break
         return
     limit = torch.tensor([height, width], device=sizes.device)
     if bool(((sizes < 1) | (sizes > limit)).any()):
-        raise ValueError(f"UNet sizes must lie in [1, ({height}, {width})] for image {tuple(image.shape)}, "
-                         f"got {sizes.tolist()}")
+        raise ValueError(
+            f"UNet sizes must lie in [1, ({height}, {width})] for image {tuple(image.shape)}, got {sizes.tolist()}"
+        )
 
 
 class ConvNormAct(nn.Module):
@@ -146,8 +149,9 @@ class UNet(nn.Module):
         mean = mean if mean is not None else ((0.485, 0.456, 0.406) if imagenet else (0.5,) * in_channels)
         std = std if std is not None else ((0.229, 0.224, 0.225) if imagenet else (0.25,) * in_channels)
         if len(mean) != in_channels or len(std) != in_channels:
-            raise ValueError(f"UNet mean and std need {in_channels} values each (in_channels), "
-                             f"got {len(mean)} and {len(std)}")
+            raise ValueError(
+                f"UNet mean and std need {in_channels} values each (in_channels), got {len(mean)} and {len(std)}"
+            )
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
 
@@ -164,8 +168,10 @@ class UNet(nn.Module):
         elif image.is_floating_point():
             x = image.to(self.mean.dtype)
         else:
-            raise TypeError(f"UNet expects a uint8 or float image, got {image.dtype}; convert it to uint8 "
-                            f"(0..255) or float (0..1) first")
+            raise TypeError(
+                f"UNet expects a uint8 or float image, got {image.dtype}; convert it to uint8 "
+                f"(0..255) or float (0..1) first"
+            )
         return (x - self.mean) / self.std
 
     def forward(self, image: torch.Tensor, sizes: torch.Tensor | None = None) -> torch.Tensor:
