@@ -1,6 +1,6 @@
 """Predict masks for a folder / .zip / .tar of scans.
 
-    python scripts/predict.py --checkpoint CKPT --input PATH --output DIR
+python scripts/predict.py --checkpoint CKPT --input PATH --output DIR
 """
 
 import sys

@@ -13,7 +13,7 @@ from helpers import same
 from PIL import Image
 
 from srforge.data.archive import ScanArchive
-from srforge.data.datasets import DataError, read_image
+from srforge.data.images import DataError, read_image
 
 
 def _png(array: np.ndarray, mode: str | None = None, fmt: str = "PNG") -> bytes:

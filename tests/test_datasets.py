@@ -9,14 +9,12 @@ from conftest import labels, rgb, write
 from PIL import Image
 
 import srforge.data.datasets as datasets
+import srforge.data.sizes as sizes
 from srforge.cli import main_check_data
-from srforge.data.datasets import (
-    DataError,
-    SegmentationFolder,
-    check_folder,
-    measure_sizes,
-)
+from srforge.data.datasets import SegmentationFolder, check_folder
 from srforge.data.entry import Entry
+from srforge.data.images import DataError
+from srforge.data.sizes import measure_sizes
 
 
 def test_items_keep_natural_shape_and_exact_pixels(folder):
@@ -26,7 +24,7 @@ def test_items_keep_natural_shape_and_exact_pixels(folder):
         entry = ds[i]
         assert isinstance(entry, Entry) and entry.name == f"scan_{i}"
         assert entry.image.dtype == torch.uint8 and entry.image.shape == (3, h, w)
-        assert entry.mask.dtype == torch.int64 and entry.mask.shape == (h, w)
+        assert entry.mask.dtype == torch.uint8 and entry.mask.shape == (h, w)  # 8-bit mask files
         assert torch.equal(entry.image, torch.from_numpy(rgb(h, w, i)).permute(2, 0, 1))
         assert torch.equal(entry.mask, torch.from_numpy(labels(h, w, seed=i)).long())
 
@@ -145,20 +143,20 @@ def test_empty_folder_names_folder_and_layout(tmp_path):
 
 def test_sizes_from_headers_then_cache(folder, monkeypatch):
     calls = []
-    real_read_size = datasets.read_size
-    monkeypatch.setattr(datasets, "read_size", lambda p: calls.append(p) or real_read_size(p))
+    real_read_size = sizes.read_size
+    monkeypatch.setattr(sizes, "read_size", lambda p: calls.append(p) or real_read_size(p))
     monkeypatch.setattr(Image.Image, "load", lambda self: pytest.fail("sizes() decoded pixels"))
     expected = [(12, 20), (16, 9), (7, 30)]
     assert SegmentationFolder(folder).sizes() == expected and len(calls) == 3
-    index = json.loads((folder / datasets.SIZES_FILE).read_text())["files"]
-    assert index["images/scan_1.png"][2:] == [16, 9]
+    index = json.loads((folder / datasets.SIZES_FILE).read_text())["entries"]
+    assert index["images/scan_1.png"][:2] == [16, 9]
     calls.clear()
     assert SegmentationFolder(folder).sizes() == expected and calls == []  # all from the cache
     monkeypatch.undo()
     write(folder / "images" / "scan_1.png", rgb(17, 5))  # replaced with a new size
     write(folder / "masks" / "scan_1.png", labels(17, 5))
     calls.clear()
-    monkeypatch.setattr(datasets, "read_size", lambda p: calls.append(p) or real_read_size(p))
+    monkeypatch.setattr(sizes, "read_size", lambda p: calls.append(p) or real_read_size(p))
     assert SegmentationFolder(folder).sizes() == [(12, 20), (17, 5), (7, 30)]
     assert [p.name for p in calls] == ["scan_1.png"]
 
@@ -167,7 +165,7 @@ def test_sizes_without_writable_root(folder, monkeypatch):
     def refuse(*args):
         raise PermissionError("read-only file system")
 
-    monkeypatch.setattr(datasets.os, "replace", refuse)
+    monkeypatch.setattr(sizes.os, "replace", refuse)
     assert SegmentationFolder(folder).sizes() == [(12, 20), (16, 9), (7, 30)]
     assert not (folder / datasets.SIZES_FILE).exists()
     assert list(folder.glob(".srforge_sizes*")) == []  # no temporary left behind
@@ -178,7 +176,7 @@ def test_measure_sizes_ignores_damaged_cache(folder):
     cache.write_text("{not json")
     paths = sorted((folder / "images").glob("*.png"))
     assert measure_sizes(paths, cache) == [(12, 20), (16, 9), (7, 30)]
-    assert json.loads(cache.read_text())["version"] == 1
+    assert json.loads(cache.read_text())["version"] == sizes.CACHE_VERSION
 
 
 def test_check_data_reports_everything_at_once(make_pair, tmp_path, capsys):

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 from srforge.atomic import TEMP_SUFFIX
 from srforge.cli import main_predict
 from srforge.config import resolve
-from srforge.data.datasets import read_image
+from srforge.data.images import read_image
 from srforge.engine.predictor import Predictor
 from srforge.engine.tiling import tile_spans
 from srforge.engine.trainer import train

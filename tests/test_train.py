@@ -64,7 +64,7 @@ def test_custom_dataset_in_one_line_trains_and_caches_sizes(tmp_path):
     summary = train(_cfg(tmp_path / "run", epochs=2))
     run = tmp_path / "run"
     assert (run / "sizes_cache.json").is_file()  # no sizes(): measured once
-    assert len(json.loads((run / "sizes_cache.json").read_text())["sizes"]) == 10
+    assert len(json.loads((run / "sizes_cache.json").read_text())["entries"]) == 10
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2] and summary["epoch"] == 2
     assert 0 <= rows[-1]["val_mean_iou"] <= 1

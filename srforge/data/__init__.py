@@ -1,12 +1,14 @@
 """Data: Entry and its collation, the padding collate, datasets, samplers, transforms, loaders."""
 
-from srforge.data.adapter import FieldView, dataset_sizes
+from srforge.data.adapter import FieldView, mask_dtype
 from srforge.data.augment import Augmentation, build_augmentation
 from srforge.data.collate import AlignedCollate, pad_to_multiple
-from srforge.data.datasets import DataError, SegmentationFolder, check_folder, measure_sizes, read_image, read_mask
+from srforge.data.datasets import SegmentationFolder, check_folder
 from srforge.data.entry import Entry
+from srforge.data.images import DataError, read_image, read_mask
 from srforge.data.loader import DataLoaderFactory, GeneralCollation
 from srforge.data.sampling import SizeGroupedBatchSampler, size_stratified_split
+from srforge.data.sizes import dataset_sizes, measure_sizes
 from srforge.data.synthetic import make_welllog_scans
 from srforge.data.transforms import DataTransform
 from srforge.geometry import crop_to_sizes, valid_mask
@@ -33,4 +35,5 @@ __all__ = [
     "make_welllog_scans",
     "FieldView",
     "dataset_sizes",
+    "mask_dtype",
 ]

@@ -4,26 +4,32 @@ A user's Dataset may return an Entry or a dict, keep its image under ``scan`` an
 ``labels``, and know nothing of sizes. :class:`FieldView` renames the fields to srforge's ``image``,
 ``mask`` and ``name``, turns numpy arrays into tensors, applies per-sample augmentation with a random
 state that depends only on (seed, epoch, index) -- so a resumed run augments exactly as an unbroken one,
-in the main process or in any worker -- and :func:`dataset_sizes` finds every sample's (H, W).
+in the main process or in any worker -- and gives every mask one dtype.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from tqdm import tqdm
 
-from srforge.atomic import atomic_write_text
 from srforge.data.entry import Entry
+from srforge.data.images import invalid_mask_values
 from srforge.defaults import IGNORE_INDEX
 
 CANONICAL = ("image", "mask", "name")
+
+
+def mask_dtype(num_classes: int, ignore_index: int = IGNORE_INDEX) -> torch.dtype:
+    """The narrowest dtype that holds every class id and the ignore index: uint8 when they fit in 0..255.
+
+    A mask travels from the dataset through workers, shared memory, pinning and the host-to-device copy in this
+    dtype, an eighth of int64's bytes; only on the device does the loss widen it.
+    """
+    return torch.uint8 if num_classes <= 255 and 0 <= ignore_index <= 255 else torch.int64
 
 
 class FieldView(Dataset):
@@ -36,7 +42,8 @@ class FieldView(Dataset):
         augment: a per-sample Entry -> Entry callable, or None.
         seed: with the epoch (``set_epoch``) and the sample index, fixes the augmentation's randomness.
         num_classes: when given, a mask value outside [0, num_classes) other than ``ignore_index`` is a
-            ValueError naming the sample, instead of an index error deep inside the loss.
+            ValueError naming the sample, instead of an index error deep inside the loss, and every mask is
+            given :func:`mask_dtype` (uint8 for up to 255 classes), so batches of masks from mixed files collate.
     """
 
     def __init__(
@@ -58,6 +65,7 @@ class FieldView(Dataset):
         self.augment = augment
         self.seed = seed
         self.num_classes, self.ignore_index = num_classes, ignore_index
+        self.mask_dtype = mask_dtype(num_classes, ignore_index) if num_classes is not None else None
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -90,7 +98,9 @@ class FieldView(Dataset):
             entry["name"] = f"{index:06d}"
         entry["name"] = str(entry["name"])
         if self.num_classes is not None:
-            self._check_mask(torch.as_tensor(entry["mask"]), index, entry["name"])
+            mask = torch.as_tensor(entry["mask"])
+            self._check_mask(mask, index, entry["name"])
+            entry["mask"] = mask.to(self.mask_dtype)
         if self.augment is not None:
             # Seeded per (seed, epoch, index): independent of worker count, batch order and resumption.
             with torch.random.fork_rng(devices=[]):
@@ -104,9 +114,8 @@ class FieldView(Dataset):
         return entry
 
     def _check_mask(self, mask: torch.Tensor, index: int, name: str) -> None:
-        labelled = mask[mask != self.ignore_index]
-        if labelled.numel() and (labelled.min() < 0 or labelled.max() >= self.num_classes):
-            bad = sorted({int(v) for v in labelled.unique() if not 0 <= v < self.num_classes})
+        bad = invalid_mask_values(mask, self.num_classes, self.ignore_index)
+        if bad:
             raise ValueError(
                 f"{type(self.dataset).__name__}[{index}] ('{name}'): mask values {bad[:10]} are not classes of "
                 f"model.num_classes={self.num_classes} (0..{self.num_classes - 1}) nor the ignore index "
@@ -115,30 +124,3 @@ class FieldView(Dataset):
 
     def sizes_of(self, all_sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
         return [tuple(all_sizes[i]) for i in self.indices]
-
-
-def dataset_sizes(
-    dataset: Dataset, fields: Mapping[str, str] | None = None, cache: Path | None = None, key: str = ""
-) -> list[tuple[int, int]]:
-    """(H, W) of every sample: ``dataset.sizes()`` when it has one, else measured once and cached.
-
-    Measuring reads every sample (a progress bar shows it); the result is kept in ``cache`` under ``key``
-    (e.g. the dataset's class and arguments) and reused while the key and the length still match.
-    """
-    if callable(getattr(dataset, "sizes", None)):
-        return [tuple(map(int, s)) for s in dataset.sizes()]
-    if cache is not None and cache.is_file():
-        try:
-            stored = json.loads(cache.read_text())
-        except (OSError, ValueError):
-            stored = {}  # a damaged cache is measured again, never trusted
-        if stored.get("key") == key and len(stored.get("sizes", [])) == len(dataset):
-            return [tuple(s) for s in stored["sizes"]]
-    view = FieldView(dataset, fields)
-    sizes = []
-    for i in tqdm(range(len(view)), desc="measuring sizes (once)", unit="scan", leave=False):
-        image = view[i]["image"]
-        sizes.append((int(image.shape[-2]), int(image.shape[-1])))
-    if cache is not None:
-        atomic_write_text(cache, json.dumps({"key": key, "sizes": sizes}))
-    return sizes

@@ -26,21 +26,15 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from srforge.data.datasets import (
-    SUFFIXES,
-    DataError,
-    is_hidden,
-    read_image,
-    read_size,
-    scan_stem,
-)
+from srforge.data.images import SUFFIXES, DataError, read_image, read_size
+from srforge.data.naming import is_hidden, posix_name, scan_stem
 
 ARCHIVE_KINDS = "a folder, a .zip, or a .tar / .tar.gz / .tgz / .tar.bz2 / .tar.xz"
 
 
 def _unsafe(name: str) -> str | None:
     """Why a member name must not be used as a relative path (None when it is safe)."""
-    parts = name.replace("\\", "/").split("/")
+    parts = posix_name(name).split("/")
     if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
         return "absolute path"
     if ".." in parts:
@@ -159,7 +153,7 @@ class ScanArchive:
                 continue
             if reason is None and is_hidden(name):
                 continue  # hidden, like SegmentationFolder
-            suffix, stem = PurePosixPath(name.replace("\\", "/")).suffix, scan_stem(name)
+            suffix, stem = PurePosixPath(posix_name(name)).suffix, scan_stem(name)
             if reason is None and suffix.lower() not in SUFFIXES:
                 reason = f"not a scan: suffix {suffix or '(none)'!r} is not one of {', '.join(SUFFIXES)}"
             if reason is None and stem in kept:

@@ -19,7 +19,7 @@ from typing import Any, Hashable
 import numpy as np
 import torch
 
-from srforge.data.entry import Entry, _collate_field, _collate_mappings, _index_value
+from srforge.data.entry import Entry, collate_field, collate_mappings, index_value
 from srforge.data.memory import new_batch_buffer
 from srforge.defaults import IGNORE_INDEX
 from srforge.geometry import crop_to_sizes, divisor_pair, round_up
@@ -110,7 +110,7 @@ class AlignedCollate:
                 )
         if positional:
             return self._collate_positional(samples)
-        return self._collate_mappings(samples)
+        return self._collate_named(samples)
 
     def _padded_fields(self, samples: list[Any], pad: Mapping[Hashable, float]) -> tuple[dict, torch.Tensor]:
         """Pad every field of ``pad``; returns (field -> [B, ..., Hp, Wp], sizes [B, 2])."""
@@ -162,18 +162,18 @@ class AlignedCollate:
                 slot[..., h:, :].fill_(value)
         return out
 
-    def _collate_mappings(self, samples: list[Mapping]) -> Mapping:
+    def _collate_named(self, samples: list[Mapping]) -> Mapping:
         padded, sizes = self._padded_fields(samples, self.pad)
         if self.sizes_key in samples[0]:
             raise ValueError(
                 f"AlignedCollate: samples already have a field '{self.sizes_key}'; choose another sizes_key."
             )
-        rest = _collate_mappings([{k: v for k, v in s.items() if k not in padded} for s in samples])
+        rest = collate_mappings([{k: v for k, v in s.items() if k not in padded} for s in samples])
         first = samples[0]
         fields = {k: padded[k] if k in padded else rest[k] for k in first.keys()}
         fields[self.sizes_key] = sizes
         if isinstance(first, Entry):
-            return type(first)._batched(fields, len(samples))
+            return type(first).batched(fields, len(samples))
         return fields
 
     def _collate_positional(self, samples: list[Sequence]) -> tuple:
@@ -188,7 +188,7 @@ class AlignedCollate:
                 "Use e.g. pad={0: 0, 1: 255} for (image, mask) samples."
             )
         padded, sizes = self._padded_fields(samples, {k % n: v for k, v in self.pad.items()})
-        out = [padded[j] if j in padded else _collate_field([s[j] for s in samples], f"position {j}") for j in range(n)]
+        out = [padded[j] if j in padded else collate_field([s[j] for s in samples], f"position {j}") for j in range(n)]
         return (*out, sizes)
 
     # -- the inverse -----------------------------------------------------------------------------
@@ -200,7 +200,7 @@ class AlignedCollate:
             padded = {k % n for k in self.pad}
             crops = {j: crop_to_sizes(fields[j], sizes) for j in padded}
             return [
-                tuple(crops[j][i] if j in padded else _index_value(fields[j], i) for j in range(n))
+                tuple(crops[j][i] if j in padded else index_value(fields[j], i) for j in range(n))
                 for i in range(sizes.shape[0])
             ]
         sizes = batch[self.sizes_key]
@@ -208,7 +208,7 @@ class AlignedCollate:
         samples = []
         for i in range(sizes.shape[0]):
             fields = {
-                k: crops[k][i] if k in crops else _index_value(v, i) for k, v in batch.items() if k != self.sizes_key
+                k: crops[k][i] if k in crops else index_value(v, i) for k, v in batch.items() if k != self.sizes_key
             }
             samples.append(type(batch)(fields) if isinstance(batch, Entry) else fields)
         return samples

@@ -77,7 +77,7 @@ def _stack(tensors: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
     return torch.stack(tensors, out=new_batch_buffer((len(tensors), *first.shape), first.dtype, first.device))
 
 
-def _collate_field(values: list[Any], path: str) -> Any:
+def collate_field(values: list[Any], path: str) -> Any:
     """Collate one field's values (one per sample); ``path`` names the field in errors."""
     present = [v for v in values if v is not None]
     if len(present) < len(values):
@@ -91,7 +91,7 @@ def _collate_field(values: list[Any], path: str) -> Any:
     if kind in _SCALAR_DTYPES:
         return torch.tensor([v.item() if isinstance(v, np.generic) else v for v in values], dtype=_SCALAR_DTYPES[kind])
     if kind == "mapping":
-        return _collate_mappings(values, path)
+        return collate_mappings(values, path)
     return list(values)
 
 
@@ -106,7 +106,7 @@ def _check_one_kind(values: list[Any], path: str) -> str:
     return kinds.pop()
 
 
-def _collate_mappings(samples: Sequence[Mapping], path: str = "") -> Mapping:
+def collate_mappings(samples: Sequence[Mapping], path: str = "") -> Mapping:
     """Collate same-keyed mappings key by key; the result has the type of the first sample."""
     first = samples[0]
     keys = list(first.keys())
@@ -119,21 +119,21 @@ def _collate_mappings(samples: Sequence[Mapping], path: str = "") -> Mapping:
                 f"Cannot collate: {where} has different keys from sample 0: "
                 f"missing {missing}, extra {extra}. Every sample must have the same fields."
             )
-    collated = {k: _collate_field([s[k] for s in samples], f"{path}.{k}" if path else str(k)) for k in keys}
+    collated = {k: collate_field([s[k] for s in samples], f"{path}.{k}" if path else str(k)) for k in keys}
     if isinstance(first, Entry):
-        return type(first)._batched(collated, len(samples))
+        return type(first).batched(collated, len(samples))
     try:
         return type(first)(collated)
     except TypeError:  # a Mapping type that cannot be built from a dict
         return collated
 
 
-def _index_value(value: Any, index: int | slice) -> Any:
+def index_value(value: Any, index: int | slice) -> Any:
     """Index one batched field: tensors and sequences along dim 0, mappings recursively."""
     if isinstance(value, Entry):
         return value._index(index)
     if isinstance(value, Mapping):
-        return type(value)({k: _index_value(v, index) for k, v in value.items()})
+        return type(value)({k: index_value(v, index) for k, v in value.items()})
     if isinstance(value, torch.Tensor) and isinstance(index, slice) and (index.step or 1) < 0:
         # Tensors reject negative slice steps; pick the same rows explicitly.
         rows = torch.tensor(range(*index.indices(value.shape[0])), dtype=torch.long, device=value.device)
@@ -267,7 +267,10 @@ class Entry(dict):
         return dict.__len__(self) > 0
 
     @classmethod
-    def _batched(cls, fields: Mapping, batch_size: int) -> "Entry":
+    def batched(cls, fields: Mapping, batch_size: int) -> "Entry":
+        """A batched Entry of ``batch_size`` samples holding already-collated ``fields`` (e.g. image [B, C, H, W]).
+
+        For collate functions that build some fields themselves (as AlignedCollate pads its spatial fields)."""
         entry = cls(fields)
         entry._is_batched = True
         entry._batch_size = batch_size
@@ -290,9 +293,9 @@ class Entry(dict):
         for i, sample in enumerate(samples):
             if not isinstance(sample, Mapping):
                 raise TypeError(f"Cannot collate sample {i}: expected an Entry or dict, found {type(sample).__name__}.")
-        result = _collate_mappings(samples)
+        result = collate_mappings(samples)
         if not isinstance(result, Entry):  # plain dict samples: still give back a batched Entry
-            result = cls._batched(result, len(samples))
+            result = cls.batched(result, len(samples))
         return result
 
     # -- indexing -------------------------------------------------------------------------------
@@ -307,13 +310,13 @@ class Entry(dict):
     def _index(self, index: int | slice) -> "Entry":
         size = self.batch_size
         if isinstance(index, slice):
-            fields = {k: _index_value(v, index) for k, v in self.items()}
-            return type(self)._batched(fields, len(range(*index.indices(size))))
+            fields = {k: index_value(v, index) for k, v in self.items()}
+            return type(self).batched(fields, len(range(*index.indices(size))))
         i = int(index)
         if not -size <= i < size:
             raise IndexError(f"Index {i} is out of range for a batch of size {size}.")
         i %= size
-        entry = type(self)({k: _index_value(v, i) for k, v in self.items()})
+        entry = type(self)({k: index_value(v, i) for k, v in self.items()})
         return entry
 
     def unbatch(self) -> list["Entry"]:

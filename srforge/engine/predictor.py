@@ -36,7 +36,8 @@ from tqdm import tqdm
 from srforge.atomic import atomic_write, atomic_write_text, remove_stale_temporaries
 from srforge.data.archive import ScanArchive
 from srforge.data.collate import AlignedCollate
-from srforge.data.datasets import DataError, scan_stem
+from srforge.data.images import DataError
+from srforge.data.naming import scan_stem
 from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.defaults import PRECISIONS
 from srforge.engine.checkpoint import (

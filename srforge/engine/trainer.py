@@ -35,10 +35,11 @@ from tqdm import tqdm
 
 from srforge.atomic import atomic_write_text
 from srforge.config import dump, import_object
-from srforge.data.adapter import FieldView, dataset_sizes
+from srforge.data.adapter import FieldView
 from srforge.data.augment import build_augmentation
 from srforge.data.collate import AlignedCollate
 from srforge.data.sampling import SizeGroupedBatchSampler, size_stratified_split
+from srforge.data.sizes import dataset_sizes
 from srforge.engine.checkpoint import (
     class_names_or_default,
     load_checkpoint,
@@ -180,7 +181,7 @@ def evaluate(model, loader, device, cfg) -> dict[str, Any]:
     confusion = torch.zeros(k, k, dtype=torch.int64, device=device)
     loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of per-pixel losses, valid pixels)
     for batch in loader:
-        image, mask, sizes = batch.image.to(device), batch.mask.to(device), batch.sizes.to(device)
+        image, mask, sizes = batch.image.to(device), batch.mask.to(device).long(), batch.sizes.to(device)
         with autocast(device, cfg["train"]["precision"]):
             logits = model(image, sizes)
         valid = int((mask != ignore).sum())
@@ -362,7 +363,7 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
         try:
             for batch in bar:
                 image = batch.image.to(device, non_blocking=True)  # uint8: the model normalises on the device
-                mask = batch.mask.to(device, non_blocking=True)
+                mask = batch.mask.to(device, non_blocking=True).long()  # uint8 on the way, int64 for the loss
                 sizes = batch.sizes.to(device, non_blocking=True)
                 if tcfg["channels_last"]:
                     image = image.contiguous(memory_format=torch.channels_last)

@@ -1,0 +1,115 @@
+"""Decoding scans and masks: one image library for training and prediction.
+
+Every PIL failure becomes a :class:`DataError` that names the file (or the archive member), so a bad scan
+deep inside a dataset or an archive is reported by name, never as a bare traceback from PIL.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+
+
+class DataError(ValueError):
+    """A data file is missing, unreadable or inconsistent with its partner; the message names the file."""
+
+
+def open_image(source, label=None) -> Image.Image:
+    """Open lazily (header only) a path or binary file; every PIL failure becomes a DataError naming
+    ``label`` (default: the path), e.g. ``archive.zip:scans/a.png`` for an archive member."""
+    label = source if label is None else label
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            return Image.open(source)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+        raise DataError(
+            f"{label}: {error} If the file is trusted, raise the limit before loading, e.g. "
+            "`PIL.Image.MAX_IMAGE_PIXELS = 500_000_000` (None disables the check)."
+        ) from error
+    except (UnidentifiedImageError, OSError, ValueError) as error:
+        raise DataError(
+            f"{label}: cannot read as an image ({error}); the file is corrupt, empty or not an image"
+        ) from error
+
+
+def _decode(source, label=None) -> Image.Image:
+    label = source if label is None else label
+    image = open_image(source, label)
+    try:
+        image.load()
+    except (OSError, ValueError, SyntaxError) as error:  # truncated or damaged pixel data
+        image.close()
+        raise DataError(f"{label}: cannot decode ({error}); the file is truncated or corrupt") from error
+    return image
+
+
+def read_image(source, mode: str = "RGB", label=None) -> torch.Tensor:
+    """Decode an image (a path, or a binary file named by ``label`` in errors) to uint8 [C, H, W] in PIL
+    ``mode`` (RGB: C=3, L: C=1, RGBA: C=4).
+
+    16-bit (and 32-bit integer) grayscale is scaled by its full range (value / 257), so a given raw
+    value maps to the same 8-bit value in every file. Palette images are expanded through their palette.
+    """
+    label = source if label is None else label
+    with _decode(source, label) as image:  # closed at once: a TIFF would otherwise hold its file open
+        return _to_uint8_chw(image, mode, label)
+
+
+def _to_uint8_chw(image: Image.Image, mode: str, label) -> torch.Tensor:
+    if image.mode.startswith("I") or image.mode == "F":
+        values = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if image.mode != "F" else 1.0 if values.max(initial=0) <= 1 else 255.0
+        image = Image.fromarray(np.clip(values / top * 255 + 0.5, 0, 255).astype(np.uint8), "L")
+    try:
+        array = np.asarray(image.convert(mode))
+    except ValueError as error:
+        raise DataError(f"{label}: cannot convert mode {image.mode} to {mode} ({error})") from error
+    array = array[:, :, None] if array.ndim == 2 else array
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+
+
+def read_mask(path) -> torch.Tensor:
+    """Decode a mask file to [H, W] class indices (palette masks give their indices, as in VOC).
+
+    8-bit masks (grayscale, palette, bilevel) give uint8, which holds up to 255 classes with 255 as the ignore
+    value and moves an eighth of int64's bytes through workers, shared memory and the host-to-device copy;
+    16- and 32-bit masks give int64. :class:`srforge.data.adapter.FieldView` gives every mask of a dataset one
+    dtype.
+    """
+    path = Path(path)
+    with _decode(path) as image:
+        return _mask_indices(image, path)
+
+
+def _mask_indices(image: Image.Image, path: Path) -> torch.Tensor:
+    if image.mode == "LA":
+        image = image.getchannel("L")
+    if image.mode not in ("1", "L", "P") and not image.mode.startswith("I"):
+        raise DataError(
+            f"{path}: mask has mode {image.mode}; save masks as single-channel class indices "
+            "(8- or 16-bit grayscale or palette PNG)"
+        )
+    array = np.asarray(image)
+    return torch.from_numpy(array.astype(np.uint8 if array.dtype in (np.uint8, np.bool_) else np.int64))
+
+
+def read_size(source, label=None) -> tuple[int, int]:
+    """(H, W) of an image path or binary file, from its header only."""
+    with open_image(source, label) as image:
+        width, height = image.size
+    return height, width
+
+
+def invalid_mask_values(mask: torch.Tensor, num_classes: int, ignore_index: int) -> list[int]:
+    """The distinct values of ``mask`` ([H, W] integer) that are neither a class in [0, num_classes) nor
+    ``ignore_index``, sorted; empty when the mask is valid. The one rule for mask values, wherever checked."""
+    values = torch.unique(mask)
+    bad = values[((values < 0) | (values >= num_classes)) & (values != ignore_index)]
+    return [int(v) for v in bad.tolist()]
