@@ -1,11 +1,52 @@
-"""srforge: train one segmentation model on images of every size, without resizing a pixel."""
+"""srforge: train one segmentation model on images of every size, without resizing a pixel.
 
-from srforge.data import *  # noqa: F403  -- the data layer's public names (Entry, AlignedCollate, ...), listed in data.__all__
-from srforge.data import __all__ as _data_names
-from srforge.data.archive import ScanArchive
-from srforge.engine.checkpoint import load_checkpoint
-from srforge.engine.predictor import Predictor
-from srforge.models import UNet
+The public names below are loaded on first use, so that importing one layer (``import srforge.models``,
+``import srforge.geometry``) does not pull in the others: models never import the data layer.
+"""
 
-__all__ = [*_data_names, "ScanArchive", "UNet", "Predictor", "load_checkpoint"]
+import importlib
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "Entry": "srforge.data.entry",
+    "AlignedCollate": "srforge.data.collate",
+    "pad_to_multiple": "srforge.data.collate",
+    "crop_to_sizes": "srforge.geometry",
+    "valid_mask": "srforge.geometry",
+    "DataTransform": "srforge.data.transforms",
+    "DataLoaderFactory": "srforge.data.loader",
+    "GeneralCollation": "srforge.data.loader",
+    "SegmentationFolder": "srforge.data.datasets",
+    "check_folder": "srforge.data.datasets",
+    "DataError": "srforge.data.images",
+    "read_image": "srforge.data.images",
+    "read_mask": "srforge.data.images",
+    "measure_sizes": "srforge.data.sizes",
+    "dataset_sizes": "srforge.data.sizes",
+    "SizeGroupedBatchSampler": "srforge.data.sampling",
+    "size_stratified_split": "srforge.data.sampling",
+    "Augmentation": "srforge.data.augment",
+    "build_augmentation": "srforge.data.augment",
+    "make_welllog_scans": "srforge.data.synthetic",
+    "FieldView": "srforge.data.adapter",
+    "mask_dtype": "srforge.data.adapter",
+    "ScanArchive": "srforge.data.archive",
+    "UNet": "srforge.models.unet",
+    "Predictor": "srforge.engine.predictor",
+    "load_checkpoint": "srforge.engine.checkpoint",
+}
+
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'srforge' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,9 +1,11 @@
-"""Comparison helpers shared by the tests."""
+"""Helpers shared by the tests: deep comparison, tiny images and masks written to disk."""
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 
 def same(a, b) -> bool:
@@ -27,3 +29,21 @@ def same(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     return type(a) is type(b) and a == b
+
+
+def write(path: Path, array: np.ndarray, mode: str | None = None, palette: list[int] | None = None) -> Path:
+    """Save an array as an image file (format from the suffix), creating folders; returns the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.fromarray(array, mode) if mode else Image.fromarray(array)
+    if palette is not None:
+        image.putpalette(palette)
+    image.save(path)
+    return path
+
+
+def rgb(h: int, w: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def labels(h: int, w: int, classes: int = 3, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, classes, (h, w), dtype=np.uint8)

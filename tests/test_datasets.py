@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import labels, rgb, write
+from helpers import labels, rgb, write
 from PIL import Image
 
 import srforge.data.datasets as datasets

@@ -1,4 +1,5 @@
-"""Entry: every example and rule of SR-Forge's batch convention (seed 000) and the container's contract."""
+"""Entry: every example and rule of SR-Forge's batch convention ("Collation and the Batch Convention") and the
+container's contract."""
 
 import copy
 import pickle
@@ -18,7 +19,7 @@ def test_entry_is_importable_from_the_package_and_from_data():
     assert srforge.Entry is EntryFromData
 
 
-# -- seed 000, "What is Collation?" and "How Collation Works" ------------------------------------
+# -- SR-Forge, "What is Collation?" and "How Collation Works" ------------------------------------
 def test_tensors_of_one_shape_are_stacked_along_a_new_batch_dim():
     e1 = srforge.Entry(image=torch.randn(3, 64, 64))
     e2 = srforge.Entry(image=torch.randn(3, 64, 64))
@@ -73,7 +74,7 @@ def test_rule_strings_are_collected():
 def test_rule_ints_become_an_int64_tensor_and_floats_a_float32_tensor():
     batch = srforge.Entry.collate([srforge.Entry(scale=2, w=0.5), srforge.Entry(scale=4, w=1.5)])
     assert torch.equal(batch.scale, torch.tensor([2, 4])) and batch.scale.dtype == torch.int64
-    # Never the float64 of default_collate (seed 003).
+    # Never the float64 that default_collate gives Python floats.
     assert batch.w.dtype == torch.float32 and torch.equal(batch.w, torch.tensor([0.5, 1.5]))
 
 

@@ -22,7 +22,7 @@ class Scenes(Dataset):
 
 
 class Batched(Scenes):
-    """Records how it was asked: seed 003's __getitems__ hook."""
+    """Records how it was asked: the DataLoader calls ``__getitems__`` (a batched fetch) when a dataset has one."""
 
     def __init__(self):
         self.calls = []

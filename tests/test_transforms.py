@@ -9,7 +9,7 @@ from helpers import same
 from srforge import DataTransform, Entry
 
 
-class CropBorder(DataTransform):  # seed 000's batched example
+class CropBorder(DataTransform):  # SR-Forge's batched example: one call on [B, C, H, W]
     def __init__(self, border: int):
         super().__init__()
         self.border = border
@@ -19,7 +19,7 @@ class CropBorder(DataTransform):  # seed 000's batched example
         return image[..., b:-b, b:-b]
 
 
-class PerChannelNormalize(DataTransform):  # seed 000: unpacks [B, C, H, W]
+class PerChannelNormalize(DataTransform):  # SR-Forge's example: unpacks [B, C, H, W]
     def transform(self, image: torch.Tensor) -> torch.Tensor:
         B, C, H, W = image.shape
         mean = image.mean(dim=(2, 3), keepdim=True)
@@ -27,7 +27,7 @@ class PerChannelNormalize(DataTransform):  # seed 000: unpacks [B, C, H, W]
         return (image - mean) / (std + 1e-8)
 
 
-class PerSampleResize(DataTransform):  # seed 000: one sample at a time
+class PerSampleResize(DataTransform):  # SR-Forge's example: one sample at a time
     def __init__(self, size):
         super().__init__()
         self.size = size

@@ -114,11 +114,9 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
 
     ``pool_size`` trades padding for variety: bigger pools hold closer neighbours, but when a pool spans
     the whole dataset the batches change from epoch to epoch only through the jitter of the sort key.
-    On 4,000 well-log sizes at batch 16 (benchmarks/bench_padding.py) padding is 4.6% with pools of
-    4,096 (alignment alone: 2.9%), 5.7% with 2,048, 15.8% with 256, against 76% for random batches.
-    ``jitter`` is that relative noise, added to the log of the in-band sort key each epoch: with pools of
-    4,096 the default 0.02 gives 4.6% padding and 53.6% of the pairs batched together meet again next
-    epoch; 0.05 gives 5.7% and 30%; 0.1 gives 7.7% and 17%.
+    ``jitter`` is that relative noise, added to the log of the in-band sort key each epoch: more jitter means
+    more variety between epochs and more padding. benchmarks/bench_padding.py measures both trade-offs; the
+    README's performance section has the figures.
     """
 
     def __init__(
