@@ -22,7 +22,7 @@ from srforge.engine.checkpoint import save_checkpoint
 from srforge.engine.export import EXTRA, OnnxCheckError, check_onnx, check_scans, export_onnx
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-SKIP = "ONNX export needs the optional extra: pip install -e '.[export]' (onnx, onnxscript, onnxruntime)"
+SKIP = f"ONNX export needs the optional extra: {EXTRA} (onnx, onnxscript, onnxruntime)"
 
 
 def _tiny(padding_aware=True, seed=0, depth=3):

@@ -150,11 +150,13 @@ def batch_layout(
     batches = [measure(train_sizes[b], divisor, b) for b in sampler]
     lengths = np.cumsum([len(b.indices) for b in batches])[:-1]
     rng = np.random.default_rng(seed)
-    random_waste = np.mean(
-        [
-            waste([measure(train_sizes[part], divisor) for part in np.split(rng.permutation(len(train)), lengths)])
-            for _ in range(shuffles)
-        ]
+    random_waste = float(
+        np.mean(
+            [
+                waste([measure(train_sizes[part], divisor) for part in np.split(rng.permutation(len(train)), lengths)])
+                for _ in range(shuffles)
+            ]
+        )
     )
     settings = {"batch_size": batch_size, "max_pixels": max_pixels, "val_fraction": val_fraction, "seed": seed}
     return BatchLayout(array, train, val, divisor_pair(divisor), batches, {**settings, **sampler_options}, random_waste)
