@@ -282,7 +282,11 @@ def main_export(argv=None) -> int:
     except (ImportError, FileNotFoundError, ValueError) as exc:
         print(f"srforge-export: error: {exc}", file=sys.stderr)
         return 2
-    path = export_onnx(model, args.output, class_names=ckpt["class_names"], opset=args.opset)
+    try:
+        path = export_onnx(model, args.output, class_names=ckpt["class_names"], opset=args.opset)
+    except OSError as exc:  # an output path that cannot be written
+        print(f"srforge-export: error: cannot write {args.output}: {exc}", file=sys.stderr)
+        return 2
     d = model.size_divisor
     inputs = "image uint8 [B, C, H, W]" + (", sizes int64 [B, 2]" if model.padding_aware else "")
     print(

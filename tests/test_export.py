@@ -154,3 +154,19 @@ def test_without_onnxruntime_the_export_is_written_and_the_check_skipped_with_a_
 def test_a_missing_checkpoint_is_exit_status_2(tmp_path):
     code, _, err = _run(["--checkpoint", str(tmp_path / "nope.pt"), "--output", str(tmp_path / "m.onnx")])
     assert code == 2 and "not found" in err
+
+
+def test_an_output_that_cannot_be_written_is_exit_status_2(tmp_path, monkeypatch):
+    for name in ("onnx", "onnxscript"):  # the CLI checks the extra before exporting
+        pytest.importorskip(name, reason=SKIP)
+    from srforge.atomic import atomic_write
+
+    # Stands in for the (slow) trace; the write, and its failure onto a folder, are the real ones.
+    monkeypatch.setattr(
+        "srforge.engine.export.export_onnx", lambda model, out, **kw: atomic_write(out, lambda f: f.write(b"onnx"))
+    )
+    _checkpoint(_tiny(depth=2), tmp_path / "best.pt")
+    (tmp_path / "model.onnx").mkdir()
+    code, _, err = _run(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "model.onnx")])
+    assert code == 2 and "cannot write" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "model.onnx"]  # no temporary left

@@ -270,8 +270,11 @@ def _histogram(draw: ImageDraw.ImageDraw, layout: BatchLayout, x: int, y: int, f
     draw.text((x - HIST_AXIS, y + plot_h - LINE), f"{lo[0]}", fill=COLORS["text"], font=font)
     draw.text((x - HIST_AXIS, y + plot_h // 2 - LINE), "H (px)", fill=COLORS["text"], font=font)
     draw.text((x, y + plot_h + 2), f"{lo[1]}", fill=COLORS["text"], font=font)
-    draw.text((x + plot_w, y + plot_h + 2), f"{hi[1]}", fill=COLORS["text"], font=font, anchor="ra")
-    draw.text((x + plot_w // 2, y + plot_h + 2), "W (px)", fill=COLORS["text"], font=font, anchor="ma")
+    # Placed by measured width, not by anchor: Pillow's bitmap fallback font takes no anchor.
+    right = f"{hi[1]}"
+    draw.text((x + plot_w - draw.textlength(right, font=font), y + plot_h + 2), right, fill=COLORS["text"], font=font)
+    middle = x + (plot_w - draw.textlength("W (px)", font=font)) / 2
+    draw.text((middle, y + plot_h + 2), "W (px)", fill=COLORS["text"], font=font)
 
 
 def draw_batch_layout(
