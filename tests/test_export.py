@@ -147,6 +147,8 @@ def test_without_onnxruntime_the_export_is_written_and_the_check_skipped_with_a_
     _checkpoint(_tiny(), tmp_path / "best.pt")
     code, out, _ = _run(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "m.onnx")])
     assert code == 0 and "not checked" in out and EXTRA in out and (tmp_path / "m.onnx").is_file()
+    code, out, _ = _run(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "n.onnx"), "--no-check"])
+    assert code == 0 and "wrote" in out and "checked" not in out and (tmp_path / "n.onnx").is_file()
     with pytest.raises(ImportError, match="onnxruntime"):
         check_onnx(_tiny(), path)
 

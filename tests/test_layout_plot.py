@@ -131,6 +131,11 @@ def test_check_data_plot_draws_the_folder_with_the_trainer_defaults(make_pair, t
     layout = batch_layout(SIZES[:10], batch_size=3, divisor=8, val_fraction=0.2)
     with Image.open(out) as image:
         assert image.size == canvas_size(layout, 1, 4)  # these tiny scans fit at 1:1
+    budget = tmp_path / "budget.png"
+    assert main_check_data([str(root), "--plot", str(budget), "--divisor", "8", "--max-pixels", "3000"]) == 0
+    plot_batch_layout(SIZES[:10], tmp_path / "library.png", max_pixels=3000, divisor=8, val_fraction=0.2)
+    with Image.open(budget) as cli, Image.open(tmp_path / "library.png") as library:
+        assert np.array_equal(np.asarray(cli), np.asarray(library))
 
 
 def test_check_data_plot_reports_a_folder_it_cannot_batch(make_pair, tmp_path, capsys):
