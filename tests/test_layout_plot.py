@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import labels, rgb
+from helpers import labels, rgb
 from PIL import Image
 
 from srforge.cli import main_check_data
