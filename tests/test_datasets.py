@@ -199,3 +199,19 @@ def test_check_data_reports_everything_at_once(make_pair, tmp_path, capsys):
 def test_transform_is_applied(folder):
     ds = SegmentationFolder(folder, transform=lambda e: Entry(**e, flag=True))
     assert ds[0].flag is True and "flag" not in ds.load(0)
+
+
+def test_check_data_reports_a_name_clash_and_every_other_problem(make_pair, tmp_path, capsys):
+    make_pair("dup", rgb(5, 5), labels(5, 5))
+    write(tmp_path / "images" / "dup.jpg", rgb(5, 5))  # the same scan name as dup.png
+    make_pair("mismatch", rgb(5, 5), labels(6, 5))
+    bad_values = labels(5, 5)
+    bad_values[1, 1] = 5
+    make_pair("values", rgb(5, 5), bad_values)
+    make_pair("lonely", rgb(5, 5), None)
+    write(tmp_path / "masks" / "orphan.png", labels(5, 5))
+    assert main_check_data([str(tmp_path), "--num-classes", "3"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    expected = ["same name 'dup'", "masks/mismatch.png", "[5]", "lonely.png: no mask", "orphan.png: no image"]
+    assert all(any(part in line for line in err) for part in expected), err
+    assert len(err) == len(expected)
