@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,8 @@ def main_check_data(argv=None) -> int:
     parser.add_argument("--image-mode", default="RGB", help="PIL mode images are converted to (default RGB)")
     _add_plot_arguments(parser)
     args = parser.parse_args(argv)
+    if args.num_classes is not None and args.num_classes < 1:
+        parser.error(f"--num-classes must be >= 1, found {args.num_classes}")
     count, problems = check_folder(
         args.root,
         args.images,
@@ -134,28 +137,78 @@ def _plot_layout(args) -> bool:
     return True
 
 
+def _worker_free(exc: BaseException) -> str:
+    """An exception's own message: one re-raised from a DataLoader worker carries the worker's whole traceback
+    in its text ("Caught ValueError in DataLoader worker process 0. Original Traceback ..."); keep its last line."""
+    text = str(exc)
+    if "Original Traceback" not in text:
+        return text
+    ends = [m.end() for m in re.finditer(rf"\n(?:[\w.]+\.)?{re.escape(type(exc).__name__)}: ", text)]
+    return text[ends[-1] :].strip() if ends else text
+
+
+def _names_run_dir(overrides: list[str]) -> bool:
+    """Whether the command line sets run.dir (``run.dir=X`` or ``run={dir: X}``)."""
+    from srforge.config import parse_override
+
+    for text in overrides:
+        path, value = parse_override(text)
+        if path == "run.dir" or (path == "run" and isinstance(value, dict) and "dir" in value):
+            return True
+    return False
+
+
+def _train_config(config: str | None, resume: str | None, overrides: list[str]) -> dict:
+    """The resolved config for srforge-train: --config FILE, or with --resume alone the checkpoint's own config,
+    whose import paths must be named by the user too (srforge.trust). A resume writes into the folder it was
+    given (for a checkpoint file, the folder it sits in) unless run.dir is set on the command line."""
+    from srforge.config import ConfigError, load_config, parse_override, read_yaml_file, resolve
+    from srforge.engine.checkpoint import load_checkpoint
+    from srforge.trust import check_checkpoint_imports
+
+    if resume is None:
+        return load_config(config or "configs/quickstart.yaml", overrides)
+    resume_path = Path(resume)
+    folder = resume_path if resume_path.is_dir() else resume_path.parent
+    checkpoint = resume_path / "last.pt" if resume_path.is_dir() else resume_path
+    ckpt = load_checkpoint(checkpoint)  # refuses what is not a well-formed srforge checkpoint, before any write
+    if config is not None:
+        cfg = load_config(config, overrides)
+    else:
+        if not isinstance(ckpt.get("config"), dict):
+            raise ConfigError(f"{checkpoint} holds no training config; pass the run's config with --config FILE.")
+        cfg = resolve(ckpt["config"], overrides)
+        trusted = []
+        if (folder / "config.yaml").is_file():
+            trusted.append((str(folder / "config.yaml"), read_yaml_file(folder / "config.yaml") or {}))
+        trusted.append(("the command line", dict(parse_override(text) for text in overrides)))
+        check_checkpoint_imports(cfg, str(checkpoint), trusted)
+    if not _names_run_dir(overrides):
+        cfg["run"]["dir"] = str(folder)
+    return cfg
+
+
 def main_train(argv=None) -> int:
     """Train a padding-aware U-Net from a YAML config: srforge-train --config configs/X.yaml [key.path=value ...]."""
-    from srforge.config import ConfigError, load_config, resolve
-    from srforge.engine.checkpoint import load_checkpoint
+    from srforge.config import ConfigError
     from srforge.engine.trainer import NonFiniteLossError, train
+    from srforge.preflight import check_before_training
 
     parser = argparse.ArgumentParser(prog="srforge-train", description=main_train.__doc__)
     parser.add_argument(
         "--config", help="YAML config (default: configs/quickstart.yaml, or the run's own config with --resume)"
     )
     parser.add_argument(
-        "--resume", metavar="RUN_DIR|CKPT", help="continue a run from RUN_DIR/last.pt or a checkpoint file"
+        "--resume",
+        metavar="RUN_DIR|CKPT",
+        help="continue a run from RUN_DIR/last.pt or a checkpoint file, writing into RUN_DIR (or the checkpoint's "
+        "folder) unless run.dir is given",
     )
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides, values read as YAML")
     args = parser.parse_args(argv)
     try:
-        if args.config is None and args.resume is not None:
-            resume = Path(args.resume)
-            saved = load_checkpoint(resume / "last.pt" if resume.is_dir() else resume)["config"]
-            cfg = resolve(saved, args.overrides)
-        else:
-            cfg = load_config(args.config or "configs/quickstart.yaml", args.overrides)
+        cfg = _train_config(args.config, args.resume, args.overrides)
+        check_before_training(cfg)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"srforge-train: error: {exc}", file=sys.stderr)
         return 2
@@ -164,6 +217,9 @@ def main_train(argv=None) -> int:
     except NonFiniteLossError as exc:
         print(f"srforge-train: error: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # ConfigError, DataError, a mask value beyond model.num_classes: bad data, not a bug
+        print(f"srforge-train: error: {_worker_free(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     if summary.get("val_iou") is not None:

@@ -11,15 +11,17 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib
+import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from srforge.defaults import IGNORE_INDEX, PRECISIONS
+from srforge.limits import MAX_ALIAS_EXPANSION, class_names_problem, expanded_size
 
 NoneType = type(None)
 NUMBER = (float, int)
@@ -183,6 +185,9 @@ def _check_values(cfg: dict) -> None:
     if not train["lr"] > 0:
         raise ConfigError(f"train.lr: expected a positive number, found {train['lr']}.")
     names = model["class_names"]
+    problem = None if names is None else class_names_problem(names)
+    if problem:
+        raise ConfigError(f"model.class_names: {problem}.")
     if names is not None and len(names) != model["num_classes"]:
         raise ConfigError(
             f"model.class_names: expected {model['num_classes']} names (model.num_classes), found {len(names)}."
@@ -191,6 +196,35 @@ def _check_values(cfg: dict) -> None:
         spec = data[section]["class"]
         if spec is not None and ":" not in spec:
             raise ConfigError(f"data.{section}.class: expected 'module.path:ClassName', found {spec!r}.")
+    _check_augment(data["augment"])
+    for path, value in _leaves(cfg):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{path}: expected a finite number, found {value}.")
+
+
+def _leaves(node: Any, path: str = "") -> Iterable[tuple[str, Any]]:
+    """(dotted path, value) for every leaf of a nested config, free-form parts included."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            yield from _leaves(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _leaves(value, f"{path}[{i}]")
+    else:
+        yield path, node
+
+
+def _check_augment(recipe: Mapping) -> None:
+    """Unknown keys of ``data.augment`` and its sections, with the closest valid key, before training starts."""
+    from srforge.data.augment import KEYS  # imported here: it loads torchvision, which reading a config does not need
+
+    for key, value in recipe.items():
+        if key not in KEYS:
+            raise _unknown(str(key), KEYS, "data.augment")
+        if KEYS[key] is not None and isinstance(value, Mapping):
+            for inner in value:
+                if inner not in KEYS[key]:
+                    raise _unknown(str(inner), dict.fromkeys(KEYS[key]), f"data.augment.{key}")
 
 
 def get(cfg: Mapping, path: str) -> Any:
@@ -200,15 +234,52 @@ def get(cfg: Mapping, path: str) -> Any:
     return node
 
 
+def _yaml_parts(node: yaml.Node):
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            yield key
+            yield value
+    elif isinstance(node, yaml.SequenceNode):
+        yield from node.value
+
+
+def _yaml_weight(node: yaml.Node) -> int:
+    return 1 + (len(node.value) if isinstance(node, yaml.ScalarNode) else 0)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load(text)``, refusing a document whose aliases expand it far beyond its own size.
+
+    The expanded size counts one unit per node and one per character of a scalar, every alias at each use;
+    it may exceed the text's length by at most ``MAX_ALIAS_EXPANSION`` (a document without aliases always
+    passes). The check walks the composed node graph once, before anything is constructed. ``source`` names
+    the file (or override) in errors.
+    """
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if expanded_size(node, _yaml_parts, _yaml_weight, len(text) + MAX_ALIAS_EXPANSION) is None:
+            raise ConfigError(
+                f"{source}: its aliases (*name) expand it to more than {MAX_ALIAS_EXPANSION:,} nodes and characters "
+                "beyond its own size, or an alias refers to itself; write the values out instead."
+            )
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source} is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source} is not valid YAML: nested too deeply.") from None
+    finally:
+        loader.dispose()
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """``"train.lr=0.01"`` -> ("train.lr", 0.01): the value is read as a YAML scalar."""
     if "=" not in text:
         raise ConfigError(f"Override '{text}' must look like key.path=value, e.g. train.epochs=3.")
     path, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"Override '{text}': the value is not valid YAML ({exc}).") from None
+    value = load_yaml(raw, f"Override '{text}': the value") if raw.strip() else None
     return path.strip(), value
 
 
@@ -250,15 +321,30 @@ def resolve(user: Mapping | None = None, overrides: list[str] = ()) -> dict[str,
     return cfg
 
 
-def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> dict[str, Any]:
-    """Read a YAML config file (``yaml.safe_load``), merge defaults and overrides, and validate."""
+def read_yaml_file(path: str | os.PathLike) -> Any:
+    """The YAML document in ``path`` (None when it holds none), read as UTF-8 with :func:`load_yaml`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Config file not found: {path}")
     try:
-        user = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 4]!r}); save it as UTF-8."
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror}).") from None
+    return load_yaml(text, str(path))
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> dict[str, Any]:
+    """Read a YAML config file (:func:`read_yaml_file`), merge defaults and overrides, and validate."""
+    user = read_yaml_file(path)
+    if user is None:
+        raise ConfigError(
+            f"{path} is empty: expected a mapping with the sections {list(SCHEMA)}, e.g. a copy of "
+            "configs/quickstart.yaml."
+        )
     try:
         return resolve(user, overrides)
     except ConfigError as exc:

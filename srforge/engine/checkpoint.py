@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from srforge.atomic import atomic_write
+from srforge.limits import MAX_CHECKPOINT_CONFIG, class_names_problem, expanded_size, object_parts, object_weight
 
 FORMAT = "srforge-checkpoint"
 VERSION = 1
@@ -56,7 +57,23 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     for key in ("model", "model_args", "size_divisor", "class_names"):
         if key not in ckpt:
             raise ValueError(f"{path} is an incomplete srforge checkpoint: the field '{key}' is missing.")
+    _check_plain_data(ckpt, path)
     return ckpt
+
+
+def _check_plain_data(ckpt: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint whose plain data could not be printed or written out: class names that are not
+    short strings, or a config (or any other part; a tensor counts as one) built of parts shared so often
+    that it expands past MAX_CHECKPOINT_CONFIG (a pickle, like YAML, can refer to one list many times)."""
+    problem = class_names_problem(ckpt["class_names"])
+    if problem:
+        raise ValueError(f"{path}: class_names: {problem}; this is not a checkpoint srforge wrote.")
+    if expanded_size(ckpt, object_parts, object_weight, MAX_CHECKPOINT_CONFIG) is None:
+        raise ValueError(
+            f"{path}: its config and training state expand to more than {MAX_CHECKPOINT_CONFIG:,} objects and "
+            "characters (parts shared many times over, or containing themselves); this is not a checkpoint "
+            "srforge wrote."
+        )
 
 
 def model_from_checkpoint(ckpt: dict[str, Any], source: str | os.PathLike = "the checkpoint") -> torch.nn.Module:

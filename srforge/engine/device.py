@@ -8,10 +8,23 @@ import torch
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
-    """``"auto"`` -> cuda when available, else cpu; anything else as ``torch.device`` reads it."""
+    """``"auto"`` -> cuda when available, else cpu; anything else as ``torch.device`` reads it.
+
+    A name torch does not know, or a CUDA device this machine does not have (``cuda:7`` on a machine with
+    one GPU, any ``cuda`` without one), is a ValueError that says which devices there are.
+    """
     if isinstance(name, str) and name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{name!r} is not a device ({exc}); expected auto, cpu, cuda or cuda:N.") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            have = f"cuda:0 to cuda:{count - 1}; use one of those, auto or cpu" if count else "no CUDA device; use cpu"
+            raise ValueError(f"no device {name!r}: this machine has {have}.")
+    return device
 
 
 def autocast(device: torch.device, precision: str):

@@ -1,0 +1,75 @@
+"""What a checkpoint may make srforge import: nothing that the user's own config does not name too.
+
+A checkpoint embeds the training config, and ``--resume`` without ``--config`` rebuilds the run from it. Every
+``class`` key of a config is an import path that srforge imports and calls (``data.dataset.class``,
+``data.val_dataset.class``), so a checkpoint received from someone else could name ``subprocess:run``. Loading
+the weights is safe (``weights_only=True``); importing what the checkpoint names is not. An import path from a
+checkpoint is therefore allowed only when the user's own config names the same path at the same key -- a
+``--config`` file, the run folder's ``config.yaml`` (a text file the user can read), or a command-line
+override -- or when it is one of srforge's own Dataset classes, which only read the files they are given.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from srforge.config import ConfigError
+
+
+def import_paths(tree: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """(dotted key, value) of every ``class`` key in a nested config, free-form parts included. A key may be
+    dotted itself, as a command-line override's is (``{"data.dataset.class": "x"}``)."""
+    if not isinstance(tree, Mapping):
+        return
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if path == "class" or path.endswith(".class"):
+            yield path, value
+        yield from import_paths(value, path)
+
+
+def is_srforge_dataset(spec: Any) -> bool:
+    """Whether ``spec`` ("module:Name") names a torch Dataset class defined in srforge itself."""
+    if not isinstance(spec, str) or ":" not in spec:
+        return False
+    module_name, _, attr = spec.partition(":")
+    if module_name != "srforge" and not module_name.startswith("srforge."):
+        return False
+    from torch.utils.data import Dataset
+
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(obj, type) and issubclass(obj, Dataset) and obj.__module__.startswith("srforge.")
+
+
+def untrusted_imports(cfg: Mapping, trusted: Iterable[Mapping]) -> list[tuple[str, Any]]:
+    """The (key, import path) pairs of ``cfg`` that no ``trusted`` config names at the same key and that
+    are not srforge's own Dataset classes; null entries (no class) need no trust."""
+    allowed = {(path, repr(value)) for source in trusted for path, value in import_paths(source)}
+    return [
+        (path, value)
+        for path, value in import_paths(cfg)
+        if value is not None and (path, repr(value)) not in allowed and not is_srforge_dataset(value)
+    ]
+
+
+def check_checkpoint_imports(cfg: Mapping, checkpoint: str, trusted: Iterable[tuple[str, Mapping]]) -> None:
+    """Raise ConfigError when ``cfg`` (resolved from the config embedded in ``checkpoint``) names an import
+    path that none of ``trusted`` ((where, config) pairs the user wrote) names. The message says which path
+    the checkpoint asks for and how to allow it."""
+    trusted = list(trusted)
+    refused = untrusted_imports(cfg, [config for _, config in trusted])
+    if not refused:
+        return
+    asks = ", ".join(f"{path}={value}" for path, value in refused)
+    where = ", ".join(name for name, _ in trusted) or "none given"
+    raise ConfigError(
+        f"{checkpoint}: its embedded config asks srforge to import {asks}, which your own config does not name "
+        f"(looked in: {where}). srforge imports nothing a checkpoint names unless you name it too. "
+        f"If you trust it, allow it on the command line: {' '.join(f'{p}={v}' for p, v in refused)} "
+        "(or pass --config with a file that names it)."
+    )
