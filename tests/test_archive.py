@@ -4,15 +4,18 @@ import hashlib
 import io
 import os
 import tarfile
+import tracemalloc
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers import same
 from PIL import Image
 
-from srforge.data.archive import ScanArchive
+from srforge.data.archive import ScanArchive, needed_bytes
 from srforge.data.images import DataError, read_image
 
 
@@ -171,3 +174,54 @@ def test_dots_inside_a_stem_keep_scans_apart(tmp_path):
     assert archive.names == ["scan.v1.png", "scan.v2.png"] and not archive.rejected
     masks = {output_paths(tmp_path, name)["mask"] for name in archive.names}
     assert masks == {tmp_path / "masks" / "scan.v1.png", tmp_path / "masks" / "scan.v2.png"}
+
+
+def _zip_deflated(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def _png_with_chunk_before_pixels(array: np.ndarray, chunk_bytes: int) -> bytes:
+    """A PNG whose pixel data (IDAT) sits after an ancillary chunk of ``chunk_bytes`` zeros."""
+    png = _png(array)
+    ihdr_end = 8 + 8 + 13 + 4  # signature, IHDR length+type, IHDR data, CRC
+    kind, body = b"zeRo", bytes(chunk_bytes)
+    chunk = len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+    return png[:ihdr_end] + chunk + png[ihdr_end:]
+
+
+@pytest.mark.parametrize("kind", ["zip", "tar.gz"])
+def test_a_member_padded_with_zeros_is_read_only_as_far_as_its_header_allows(tmp_path, kind):
+    image = _rgb(5, 9)
+    bomb = _png(image) + bytes(32 << 20)  # a 45-pixel scan followed by 32 MB of zeros
+    members = {"bomb.png": bomb, "z.png": GOOD["a.png"]}
+    path = _zip_deflated(tmp_path / "b.zip", members) if kind == "zip" else _tar(tmp_path / "b.tar.gz", members, "w:gz")
+    assert path.stat().st_size < 200_000
+    with ScanArchive(path) as archive:
+        tracemalloc.start()
+        try:
+            data = archive.read_bytes(range(len(archive)))
+            decoded = archive.read(0, "RGB", data[0])
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 12 << 20, f"peak {peak:,} bytes for a 32 MB member"
+        assert len(data[0]) == needed_bytes(5, 9, "RGB") < len(bomb)
+        assert same(decoded, torch.from_numpy(image).permute(2, 0, 1).contiguous())
+        assert data[1] == GOOD["a.png"] and same(archive.read(1), read_image(io.BytesIO(GOOD["a.png"])))
+
+
+def test_a_member_whose_pixels_lie_beyond_the_bound_fails_saying_why(tmp_path):
+    padded = _png_with_chunk_before_pixels(_rgb(5, 9), 6 << 20)
+    assert same(read_image(io.BytesIO(padded)), read_image(io.BytesIO(_png(_rgb(5, 9)))))  # a valid PNG
+    with ScanArchive(_zip_deflated(tmp_path / "p.zip", {"padded.png": padded})) as archive:
+        with pytest.raises(DataError, match=r"p\.zip:padded\.png: the member is longer than an image of its declared"):
+            archive.read(0)
+
+
+def test_needed_bytes_follows_the_declared_size_and_mode():
+    assert needed_bytes(10, 20, "RGB") - needed_bytes(10, 20, "L") == 4 * 10 * 20 * 2
+    assert needed_bytes(10, 20, "I;16") == needed_bytes(10, 20, "LA")  # 2 bytes a pixel, either way
+    assert needed_bytes(0, 0, "RGB") == needed_bytes(0, 0, "weird") > 0

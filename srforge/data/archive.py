@@ -10,6 +10,12 @@ as SegmentationFolder does.
 
 A .tar.gz has no random access: reading a member means decompressing everything before it. Callers
 that read many members take them through :meth:`ScanArchive.read_bytes` in archive order.
+
+A member is read with a bound, never whole on trust: a small image followed by 600 MB of zeros deflates to
+well under a megabyte. Its header (read from the first bytes) declares the image's size and mode, and no
+more than :func:`needed_bytes` of it are read: ``NEED_FACTOR`` times the decoded size plus ``NEED_ALLOWANCE``
+for metadata and compression overhead. An image decodes from that prefix (trailing bytes are ignored); one
+whose data lies beyond it fails as that scan, saying so.
 """
 
 from __future__ import annotations
@@ -25,11 +31,47 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 import torch
+from PIL import Image, ImageMode
 
-from srforge.data.images import SUFFIXES, DataError, read_image, read_size
+from srforge.data.images import SUFFIXES, DataError, open_image, read_image, read_size
 from srforge.data.naming import is_hidden, posix_name, scan_stem
 
 ARCHIVE_KINDS = "a folder, a .zip, or a .tar / .tar.gz / .tgz / .tar.bz2 / .tar.xz"
+
+# How much of a member may be read per decoded byte its header declares, plus a fixed allowance: generous
+# for every format srforge reads (LZW-compressed noise grows 1.5x; a 16-bit RGB PNG opens as 8-bit RGB).
+NEED_FACTOR = 4
+NEED_ALLOWANCE = 4 << 20
+# The header is looked for in the first HEADER_FIRST bytes, then in twice as many, up to HEADER_LAST (no
+# image needs less than that); past it (a TIFF may keep its header at the end, a PNG big metadata before
+# its pixels) the header is read in a second pass over the member that keeps no bytes.
+HEADER_FIRST = 1 << 16
+HEADER_LAST = NEED_ALLOWANCE
+READ_CHUNK = 1 << 20
+
+
+def needed_bytes(height: int, width: int, mode: str) -> int:
+    """The most bytes an encoded image of this size and PIL mode may take: NEED_FACTOR x its decoded
+    size (bands x bytes per sample per pixel) + NEED_ALLOWANCE."""
+    try:
+        layout = ImageMode.getmode(mode)
+        per_pixel = len(layout.bands) * int(layout.typestr[-1])
+    except (KeyError, ValueError):  # a mode PIL has no layout for: assume the widest, 4 bands of 4 bytes
+        per_pixel = 16
+    return NEED_FACTOR * height * width * per_pixel + NEED_ALLOWANCE
+
+
+def _header_need(source, label: str) -> int | DataError | None:
+    """needed_bytes from the header in ``source`` (a binary file); None when no header can be read from it,
+    the DataError when the header declares a decompression bomb."""
+    try:
+        with open_image(source, label) as image:
+            width, height = image.size
+            return needed_bytes(height, width, image.mode)
+    except DataError as error:
+        if isinstance(error.__cause__, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+            return error
+        return None
 
 
 def _unsafe(name: str) -> str | None:
@@ -80,6 +122,7 @@ class ScanArchive:
         self.sequential = False  # a compressed tar: members are cheap to read only in archive order
         self.rejected: list[tuple[str, str]] = []
         self._handle = None
+        self._cut: dict[int, int] = {}  # scan -> bytes read, for members longer than their header allows
         members: Iterable[tuple[str, object, str | None]]  # (name, key to read it, reason to refuse)
         try:
             if self.kind == "folder":
@@ -196,19 +239,54 @@ class ScanArchive:
         """``indices`` sorted by position in the archive: the order that reads a .tar.gz in one forward pass."""
         return sorted(indices, key=lambda i: self._keys[i].offset_data if self.kind == "tar" else i)
 
-    def read_bytes(self, indices: Iterable[int]) -> dict[int, bytes]:
-        """{i: the raw bytes of scan i}, read in archive order."""
-        out = {}
+    def read_bytes(self, indices: Iterable[int]) -> dict[int, bytes | DataError]:
+        """{i: the bytes of scan i, at most what its header allows (see the module docstring), or the DataError
+        that reading it raised}, read in archive order."""
+        out: dict[int, bytes | DataError] = {}
         for i in self.in_archive_order(indices):
             try:
                 with self._stream(i) as stream:
-                    out[i] = stream.read()
+                    out[i] = self._read_bounded(i, stream)
             except _MEMBER_ERRORS as error:
                 out[i] = DataError(
                     f"{self.label(i)}: cannot read the member ({type(error).__name__}: {error}); "
                     "it is damaged, encrypted or compressed in a way zipfile/tarfile cannot read"
                 )
         return out
+
+    def _read_bounded(self, i: int, stream) -> bytes | DataError:
+        """Scan i's bytes from ``stream``, forward only (a .tar.gz member cannot be re-read cheaply): the first
+        bytes until the header reads, then up to needed_bytes; records in ``_cut`` a member longer than that."""
+        buffer = bytearray()
+        need: int | None = None
+        look_at = HEADER_FIRST
+        while True:
+            target = need if need is not None else look_at
+            if len(buffer) >= target:
+                if need is not None:
+                    if stream.read(1):
+                        self._cut[i] = len(buffer)
+                    return bytes(buffer)
+                found = _header_need(io.BytesIO(buffer), self.label(i))
+                if isinstance(found, DataError):
+                    return found
+                if found is None and look_at >= HEADER_LAST:
+                    with self._stream(i) as second:  # a header far in: PIL seeks to it without keeping the bytes
+                        found = _header_need(second, self.label(i))
+                    if not isinstance(found, int):
+                        return found or DataError(
+                            f"{self.label(i)}: cannot read as an image (no image header in its first "
+                            f"{HEADER_LAST:,} bytes, nor anywhere PIL looks)"
+                        )
+                if found is None:
+                    look_at *= 2
+                else:
+                    need = max(found, len(buffer))
+                continue
+            piece = stream.read(min(target - len(buffer), READ_CHUNK))
+            if not piece:
+                return bytes(buffer)
+            buffer += piece
 
     def read(self, i: int, mode: str = "RGB", data: bytes | DataError | None = None) -> torch.Tensor:
         """Scan i decoded to uint8 [C, H, W] in PIL ``mode``; ``data`` are its bytes when already read."""
@@ -217,7 +295,16 @@ class ScanArchive:
         data = self.read_bytes([i])[i] if data is None else data
         if isinstance(data, DataError):
             raise data
-        return read_image(io.BytesIO(data), mode, label=self.label(i))
+        try:
+            return read_image(io.BytesIO(data), mode, label=self.label(i))
+        except DataError as error:
+            if i not in self._cut:
+                raise
+            raise DataError(
+                f"{self.label(i)}: the member is longer than an image of its declared size can need, so only its "
+                f"first {self._cut[i]:,} bytes were read (srforge.data.archive.needed_bytes), and they do not "
+                f"decode: {error}"
+            ) from error
 
     def close(self) -> None:
         if self._handle is not None:
