@@ -329,8 +329,10 @@ def read_yaml_file(path: str | os.PathLike) -> Any:
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as exc:
+        line = exc.object.count(b"\n", 0, exc.start) + 1
         raise ConfigError(
-            f"{path} is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 4]!r}); save it as UTF-8."
+            f"{path} is not UTF-8 text (line {line}, byte {exc.start}: {exc.object[exc.start : exc.start + 4]!r}); "
+            "save it as UTF-8."
         ) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror}).") from None
