@@ -1,5 +1,7 @@
 """Checkpoints: atomic writes, weights_only loading, clear errors for files that are not ours."""
 
+import time
+
 import pytest
 import torch
 
@@ -56,3 +58,32 @@ def test_files_that_are_not_srforge_checkpoints(tmp_path):
     torch.save({"format": "srforge-checkpoint", "version": 1, "model": {}}, tmp_path / "partial.pt")
     with pytest.raises(ValueError, match="incomplete srforge checkpoint: the field 'model_args' is missing"):
         load_checkpoint(tmp_path / "partial.pt")
+
+
+def _nested(levels: int = 9, width: int = 9):
+    """width**levels names built of shared lists: what a pickle (or a YAML alias) holds cheaply."""
+    names = ["lol"] * width
+    for _ in range(levels - 1):
+        names = [names] * width
+    return names
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"class_names": _nested()}, "class_names: class name 0 must be a string, found list"),
+        ({"class_names": [f"c{i}" for i in range(1025)]}, "class_names: expected at most 1024 class names"),
+        ({"class_names": ["a", "b" * 65]}, "class_names: class name 1 must have 1 to 64 characters, found 65"),
+        ({"config": {"model": {"class_names": _nested()}}}, "expand to more than 16,000,000"),
+        ({"config": {"data": {"dataset": {"args": {"x": _nested(8)}}}}}, "expand to more than 16,000,000"),
+    ],
+)
+def test_class_names_and_shared_parts_are_bounded_on_load(tmp_path, change, expected):
+    model = UNet(base_channels=4, depth=2)
+    save_checkpoint({**_payload(model), **change}, tmp_path / "odd.pt")
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"odd.pt: .*{expected}"):
+        load_checkpoint(tmp_path / "odd.pt")
+    assert time.perf_counter() - started < 5
+    save_checkpoint({**_payload(model), "config": {"x": _nested(3)}}, tmp_path / "fine.pt")
+    assert load_checkpoint(tmp_path / "fine.pt")["config"]["x"] == _nested(3)  # 729 shared names: fine

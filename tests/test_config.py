@@ -1,5 +1,7 @@
 """Config: defaults, overrides as YAML scalars, and errors that name the key path."""
 
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ from srforge.config import (
     defaults,
     import_object,
     load_config,
+    load_yaml,
     parse_override,
     resolve,
 )
@@ -120,3 +123,91 @@ def test_import_object_errors_name_the_key():
         import_object("no_such_pkg.mod:X", "data.dataset.class")
     with pytest.raises(ConfigError, match="has no attribute 'Nope'"):
         import_object("srforge.config:Nope", "data.dataset.class")
+
+
+def _alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """``levels`` anchors, each a list of ``width`` aliases of the one before: width**levels names."""
+    lines = [f"a0: &a0 [{', '.join(['lol'] * width)}]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_quickly_and_without_memory(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    text = "data:\n  dataset:\n    args:\n" + "".join(f"      {line}\n" for line in _alias_bomb().splitlines())
+    path.write_text(text + "model:\n  class_names: *a8\n")
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(ConfigError, match=rf"{path}: its aliases \(\*name\) expand it to more than 1,000,000"):
+            load_config(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.perf_counter() - started < 2 and peak < 2 << 20
+    with pytest.raises(ConfigError, match=r"Override 'data.dataset.args.x=.*': the value: its aliases"):
+        resolve({}, ["data.dataset.args.x=[" + _alias_bomb().replace("\n", ", ").rstrip(", ") + "]"])
+
+
+def test_aliases_within_bounds_self_reference_and_deep_nesting():
+    assert load_yaml(_alias_bomb(levels=3), "f")["a2"] == [[["lol"] * 9] * 9] * 9  # 729 names: fine
+    with pytest.raises(ConfigError, match="f: its aliases .* or an alias refers to itself"):
+        load_yaml("a: &x [1, *x]\n", "f")
+    with pytest.raises(ConfigError, match="f is not valid YAML: nested too deeply"):
+        load_yaml("[" * 20_000, "f")
+    assert load_yaml("", "f") is None
+
+
+def test_class_names_must_be_short_strings():
+    with pytest.raises(ConfigError, match="model.class_names: expected at most 1024 class names, found 1025"):
+        resolve({"model": {"num_classes": 1025, "class_names": [f"c{i}" for i in range(1025)]}})
+    assert (
+        len(
+            resolve({"model": {"num_classes": 1024, "class_names": [f"c{i}" for i in range(1024)]}})["model"][
+                "class_names"
+            ]
+        )
+        == 1024
+    )
+    with pytest.raises(ConfigError, match="class name 0 must have 1 to 64 characters, found 0"):
+        resolve({"model": {"class_names": ["", "b"]}})
+    with pytest.raises(ConfigError, match="class name 1 must be a string, found int"):
+        resolve({"model": {"class_names": ["a", 7]}})
+
+
+def test_non_finite_numbers_anywhere_name_their_key():
+    for text, key in [
+        ("train.lr=.inf", "train.lr"),
+        ("train.min_lr_ratio=.nan", "train.min_lr_ratio"),
+        ("data.augment={noise: -.inf}", "data.augment.noise"),
+        ("data.dataset.args.sizes=[1, .nan]", r"data.dataset.args.sizes\[1\]"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"{key}: expected a finite number, found"):
+            resolve({}, [text])
+    assert resolve({}, ["train.lr=1e-2"])["train"]["lr"] == 0.01
+
+
+def test_empty_and_non_utf8_files(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(ConfigError, match=r"empty.yaml is empty: expected a mapping with the sections"):
+        load_config(tmp_path / "empty.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ConfigError, match=r"list.yaml: config: expected a mapping"):
+        load_config(tmp_path / "list.yaml")
+    (tmp_path / "bom.yaml").write_bytes("\ufefftrain: {epochs: 2}\n".encode())
+    assert load_config(tmp_path / "bom.yaml")["train"]["epochs"] == 2
+    (tmp_path / "utf16.yaml").write_bytes("train: {epochs: 2}\n".encode("utf-16"))
+    with pytest.raises(ConfigError, match=r"utf16.yaml is not UTF-8 text \(line 1, byte 0"):
+        load_config(tmp_path / "utf16.yaml")
+
+
+def test_a_typo_inside_data_augment_names_the_closest_key():
+    with pytest.raises(
+        ConfigError, match=r"Unknown config key 'data.augment.vfilp'. Did you mean 'data.augment.vflip'"
+    ):
+        resolve({"data": {"augment": {"vfilp": 0.5}}})
+    with pytest.raises(
+        ConfigError, match=r"'data.augment.crop.max_heigth'. Did you mean 'data.augment.crop.max_height'"
+    ):
+        resolve({"data": {"augment": {"crop": {"max_heigth": 8}}}})
+    assert resolve({"data": {"augment": {"vflip": 0.5, "crop": {"max_height": 8}}}})["data"]["augment"]["vflip"] == 0.5
