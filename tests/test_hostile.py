@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from PIL import Image
 from torch.utils.data import Dataset
 
 from srforge.cli import main_train
@@ -207,3 +208,25 @@ def test_an_aliased_class_names_bomb_is_refused_from_a_config_file(tmp_path, cap
     assert main_train(["--config", str(bomb)]) == 2
     err = capsys.readouterr().err
     assert f"{bomb}: its aliases (*name) expand it to more than" in err
+
+
+def test_a_checkpoint_with_aliased_class_names_is_refused_by_predict_and_resume(trained, tmp_path, capsys):
+    from srforge.cli import main_predict
+
+    names = ["lol"] * 9
+    for _ in range(8):
+        names = [names] * 9  # 9**9 names from 81 shared lists, as a pickle stores them
+    c = torch.load(trained / "best.pt", weights_only=True)
+    c["class_names"] = names
+    c["config"]["model"]["class_names"] = names
+    torch.save(c, tmp_path / "names.pt")
+    (tmp_path / "scans").mkdir()
+    Image.fromarray(np.full((8, 8, 3), 200, np.uint8)).save(tmp_path / "scans" / "a.png")
+    out = tmp_path / "out"
+    args = ["--checkpoint", str(tmp_path / "names.pt"), "--input", str(tmp_path / "scans"), "--output", str(out)]
+    assert main_predict(args) == 2
+    assert "names.pt: class_names: class name 0 must be a string, found list" in capsys.readouterr().err
+    assert not out.exists()
+    assert main_train(["--resume", str(tmp_path / "names.pt")]) == 2
+    assert "class name 0 must be a string" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["names.pt", "scans"]
