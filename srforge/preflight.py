@@ -30,7 +30,7 @@ def check_dataset(spec: Mapping[str, Any], key: str, generated_root: str | None 
             signature.bind(**args)
         except TypeError as exc:
             raise ConfigError(
-                f"{key}.args: {spec['class']} does not take {dict(args)} ({exc}); it takes {signature}."
+                f"{key}.args: {spec['class']} cannot be built with {dict(args)} ({exc}); it takes {signature}."
             ) from None
     root = args.get("root")
     if isinstance(root, str) and not Path(root).exists():

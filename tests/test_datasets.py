@@ -215,3 +215,9 @@ def test_check_data_reports_a_name_clash_and_every_other_problem(make_pair, tmp_
     expected = ["same name 'dup'", "masks/mismatch.png", "[5]", "lonely.png: no mask", "orphan.png: no image"]
     assert all(any(part in line for line in err) for part in expected), err
     assert len(err) == len(expected)
+
+
+def test_check_data_refuses_a_class_count_below_one(folder, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main_check_data([str(folder), "--num-classes", "0"])
+    assert exit_.value.code == 2 and "--num-classes must be >= 1, found 0" in capsys.readouterr().err

@@ -146,7 +146,7 @@ def test_resuming_a_copied_run_writes_into_the_copy(trained, tmp_path, capsys):
     [
         ("data.dataset.class=no_such_module:Scans", "data.dataset.class: cannot import module 'no_such_module'"),
         ("data.dataset.class=test_hostile:Nope", "data.dataset.class: module 'test_hostile' has no attribute 'Nope'"),
-        ("data.dataset.args.colour=red", "data.dataset.args: test_hostile:Strips does not take {'n': 6, 'colour'"),
+        ("data.dataset.args.colour=red", "data.dataset.args: test_hostile:Strips cannot be built with {'n': 6, 'col"),
         ("run.device=cuda:7", "run.device: no device 'cuda:7'"),
         ("run.device=gpu", "run.device: 'gpu' is not a device"),
         ("train.lr=.inf", "train.lr: expected a finite number, found inf"),
