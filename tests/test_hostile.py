@@ -230,3 +230,17 @@ def test_a_checkpoint_with_aliased_class_names_is_refused_by_predict_and_resume(
     assert main_train(["--resume", str(tmp_path / "names.pt")]) == 2
     assert "class name 0 must be a string" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["names.pt", "scans"]
+
+
+def test_resolve_device_names_the_devices_there_are(monkeypatch):
+    from srforge.engine.device import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1) and resolve_device("cuda") == torch.device("cuda")
+    with pytest.raises(ValueError, match=r"no device 'cuda:7': this machine has cuda:0 to cuda:1; use one of those"):
+        resolve_device("cuda:7")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"no device 'cuda': this machine has no CUDA device; use cpu"):
+        resolve_device("cuda")
+    assert resolve_device("cpu") == torch.device("cpu")
