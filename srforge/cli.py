@@ -236,19 +236,42 @@ outputs under --output DIR (<rel> = the scan's relative path without its suffix)
   masks/<rel>.png           class ids, uint8 grayscale PNG, exactly the scan's size
   overlays/<rel>.png        with --overlay: the scan with its classes drawn over it
   probabilities/<rel>.npy   with --probabilities: float16 [K, H, W] softmax probabilities (numpy.load)
-  report.json, report.csv   per scan: name, size, status (ok / skipped / failed / rejected), error,
+  report.json, report.csv   per scan: name, size, status (ok / skipped / failed / rejected / stopped), error,
                             class pixel fractions, milliseconds; report.json also holds the summary
 A rerun skips scans whose outputs are complete (decode, right size) unless --overwrite. Members with
 absolute paths, '..', links or devices are rejected, never read; nothing is written outside DIR.
+Several processes share one archive under torchrun (torchrun --nproc_per_node=N scripts/predict.py ...).
 
-exit status: 0 every scan ok or skipped; 1 some scan failed or was rejected (or --strict stopped);
-             2 bad arguments, missing input, or a file that is not an srforge checkpoint."""
+exit status: 0 every scan ok or skipped; 1 some scan failed or was rejected, --strict stopped, no scans
+             found, or the disk filled; 2 bad arguments, a missing or unusable input or output, or a file
+             that is not a usable srforge checkpoint."""
+
+
+def _int_at_least(minimum: int, also: tuple[str, ...] = ()):
+    """An argparse type: an int >= minimum (or one of ``also``), else an error that names the option."""
+
+    def parse(text: str):
+        if text in also:
+            return text
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            choices = " or ".join([f"an integer >= {minimum}", *map(repr, also)])
+            raise argparse.ArgumentTypeError(f"expected {choices}, got {text!r}")
+        return value
+
+    return parse
 
 
 def main_predict(argv=None) -> int:
     """Predict class masks for every scan of a folder, .zip or .tar(.gz) with a trained srforge checkpoint."""
     from srforge.data.archive import ScanArchive
-    from srforge.engine.predictor import DEFAULT_MAX_PIXELS, Predictor, predict_archive
+    from srforge.engine.outputs import DiskFullError, OutputError, check_input, check_output
+    from srforge.engine.pipeline import default_workers, predict_archive
+    from srforge.engine.predictor import DEFAULT_CPU_PIXELS, Predictor
+    from srforge.engine.sharding import process_rank, rank_device
 
     parser = argparse.ArgumentParser(
         prog="srforge-predict",
@@ -265,38 +288,56 @@ def main_predict(argv=None) -> int:
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="autocast dtype (default fp32)")
     parser.add_argument(
         "--max-pixels",
-        type=int,
+        type=_int_at_least(1),
         default=None,
-        help=f"padded pixels per batch; larger scans are tiled (default {DEFAULT_MAX_PIXELS['cpu']:,} "
-        f"on CPU, {DEFAULT_MAX_PIXELS['cuda']:,} on CUDA)",
+        help=f"padded pixels per batch; larger scans are tiled (default {DEFAULT_CPU_PIXELS:,} on CPU; on CUDA "
+        "half the free memory over the model's bytes per pixel, measured at start)",
     )
     parser.add_argument(
         "--max-batch",
-        type=int,
-        default=None,
-        help="scans per batch at most, 0 for no cap (default 1 on CPU, where batching is slower; none on CUDA)",
+        type=_int_at_least(0, ("auto",)),
+        default="auto",
+        help="scans per batch at most, 0 for no cap (default auto: 1 on CPU, where batching is slower; none on CUDA)",
     )
     parser.add_argument(
-        "--tile-overlap", type=int, default=None, help="overlap of tiles in px (default 4 x size divisor)"
+        "--tile-overlap", type=_int_at_least(0), default=None, help="overlap of tiles in px (default 4 x size divisor)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=_int_at_least(0),
+        default=None,
+        help=f"background processes decoding scans; 0 decodes in this process (default {default_workers()}: "
+        "the CPUs this process may use, at most 8)",
     )
     parser.add_argument("--overlay", action="store_true", help="also write overlays/")
     parser.add_argument("--probabilities", action="store_true", help="also write probabilities/ (float16 .npy)")
     parser.add_argument("--overwrite", action="store_true", help="predict again scans whose outputs exist")
     parser.add_argument("--strict", action="store_true", help="stop at the first failed or rejected scan")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
-    if args.max_pixels is not None and args.max_pixels < 1:
-        parser.error("--max-pixels must be >= 1")
-    output = Path(args.output)
     try:
-        max_batch = "auto" if args.max_batch is None else (args.max_batch or None)  # --max-batch 0: no cap
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the message naming the option
+        return int(exc.code or 0)
+    source, output = Path(args.input), Path(args.output)
+    try:
+        check_input(source)
+        check_output(output, source)
         predictor = Predictor.from_checkpoint(
-            args.checkpoint, args.device, args.precision, args.max_pixels, args.tile_overlap, max_batch
+            args.checkpoint,
+            device=rank_device(args.device),
+            precision=args.precision,
+            max_pixels=args.max_pixels,
+            overlap=args.tile_overlap,
+            max_batch=args.max_batch,
         )
-        archive = ScanArchive(args.input, exclude=output)
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:  # ScanArchive wraps archive errors in DataError
+        archive = ScanArchive(source)
+    except (FileNotFoundError, ValueError, RuntimeError, OutputError) as exc:  # DataError is a ValueError
         print(f"srforge-predict: error: {exc}", file=sys.stderr)
         return 2
+    if len(archive) == 0 and not archive.rejected:
+        archive.close()
+        print(f"srforge-predict: error: no scans found in {source}", file=sys.stderr)
+        return 1
     try:
         with archive:
             summary = predict_archive(
@@ -308,16 +349,25 @@ def main_predict(argv=None) -> int:
                 overwrite=args.overwrite,
                 strict=args.strict,
                 progress=not args.no_progress,
+                workers=default_workers() if args.workers is None else args.workers,
             )
+    except OutputError as exc:
+        print(f"srforge-predict: error: {exc}", file=sys.stderr)
+        return 2
+    except DiskFullError as exc:
+        print(f"srforge-predict: error: {exc}; the report holds what was done", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
-    print(
-        f"srforge-predict: {summary['scans']} scans: {summary['ok']} ok, {summary['skipped']} skipped, "
-        f"{summary['failed']} failed, {summary['rejected']} rejected"
-        f"{' (stopped at the first failure: --strict)' if summary['stopped_early'] else ''}; "
-        f"{summary['scans_per_second'] or 0:.2f} scans/s; report: {output / 'report.json'}"
-    )
-    return 0 if summary["failed"] + summary["rejected"] == 0 else 1
+    if process_rank()[0] == 0:
+        stopped = f", {summary['stopped']} stopped" if summary["stopped"] else ""
+        print(
+            f"srforge-predict: {summary['scans']} scans: {summary['ok']} ok, {summary['skipped']} skipped, "
+            f"{summary['failed']} failed, {summary['rejected']} rejected{stopped}"
+            f"{' (stopped at the first failure: --strict)' if summary['stopped_early'] else ''}; "
+            f"{summary['scans_per_second'] or 0:.2f} scans/s; report: {output / 'report.json'}"
+        )
+    return 0 if summary["failed"] + summary["rejected"] + summary["stopped"] == 0 else 1
 
 
 def main_export(argv=None) -> int:

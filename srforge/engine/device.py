@@ -32,3 +32,41 @@ def autocast(device: torch.device, precision: str):
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def budget_from_memory(free_bytes: int, bytes_per_pixel: float, divisor: int, fraction: float = 0.5) -> int:
+    """Padded pixels per batch that fit in ``fraction`` of ``free_bytes`` at ``bytes_per_pixel``, at least one
+    2d x 2d tile (d = ``divisor``). The rest of the memory absorbs fragmentation and the allocator's caching."""
+    return max(4 * divisor**2, int(free_bytes * fraction / max(bytes_per_pixel, 1.0)))
+
+
+@torch.inference_mode()
+def activation_bytes_per_pixel(model: torch.nn.Module, device: torch.device, precision: str) -> float:
+    """Peak CUDA bytes one more padded pixel costs in ``model``'s forward pass under ``precision``.
+
+    Measured once from two inputs of one height and two widths (8d x 32d and 8d x 64d, d = the size divisor),
+    so the fixed costs (weights, cuDNN workspaces) cancel: (peak_2 - peak_1) / (pixels_2 - pixels_1).
+    """
+    d = model.size_divisor
+    peaks = []
+    for width in (32 * d, 64 * d):
+        image = torch.zeros((1, model.in_channels, 8 * d, width), dtype=torch.uint8, device=device)
+        sizes = torch.tensor([[8 * d, width]], device=device)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        with autocast(device, precision):
+            logits = model(image, sizes)
+        logits.argmax(1)
+        torch.cuda.synchronize(device)
+        peaks.append(torch.cuda.max_memory_allocated(device) - base)
+        del image, sizes, logits
+    return max(1.0, (peaks[1] - peaks[0]) / (8 * d * 32 * d))
+
+
+def cuda_pixel_budget(model: torch.nn.Module, device: torch.device, precision: str) -> int:
+    """The default pixel budget on a CUDA device: half its free memory over the model's bytes per pixel."""
+    per_pixel = activation_bytes_per_pixel(model, device, precision)
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    return budget_from_memory(free, per_pixel, model.size_divisor)

@@ -1,256 +1,83 @@
 """Batched inference and crop-back: scans of any size in, class maps of exactly their size out.
 
-    scans -> sizes from headers -> size-grouped batches under a pixel budget -> AlignedCollate(size_divisor)
-        -> UNet(image, sizes) -> softmax -> crop_to_sizes -> class maps [H, W]
+    scans [C, H_i, W_i] -> size-grouped batches under a pixel budget -> AlignedCollate(size_divisor)
+        -> UNet(image, sizes) -> logits [B, K, Hp, Wp] -> class map on the device (uint8)
+        -> crop to each scan's (H_i, W_i) -> host
 
-A scan whose aligned size alone exceeds the budget goes through tiled inference (srforge.engine.tiling).
-:func:`predict_archive` runs a Predictor over a ScanArchive and writes, under the output folder::
-
-    masks/<rel>.png           class ids, uint8 PNG mode 'L', exactly the scan's (H, W)
-    overlays/<rel>.png        the scan with every non-background class drawn over it     (overlay=True)
-    probabilities/<rel>.npy   float16 [K, H, W] softmax probabilities (np.load)           (probabilities=True)
-    report.json, report.csv   per scan: name, status, size, error, class pixel fractions, milliseconds
-
-<rel> is the member's relative path without its suffix. Every file is written to a hidden temporary name
-in its folder and renamed over the final name (os.replace), so a kill never leaves a truncated output; a
-rerun treats a scan as done when each of its outputs decodes and has the scan's size, and removes the
-temporaries a killed run left behind.
+Only the uint8 class maps cross to the host; softmax probabilities are computed (on the device) only when
+asked for, and cross as float16 when written to files. A scan whose aligned size alone exceeds the budget is
+tiled (srforge.engine.tiling). A CUDA out-of-memory error is not a failure: the batch is split in halves and
+retried, then a single scan is tiled with ever smaller tiles; only a scan that fails as one smallest tile
+(2d x 2d, d = the size divisor) raises. :func:`srforge.engine.pipeline.predict_archive` runs a Predictor over
+a whole archive.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
-from PIL import Image
-from torchvision.utils import draw_segmentation_masks
-from tqdm import tqdm
 
-from srforge.atomic import atomic_write, atomic_write_text, remove_stale_temporaries
-from srforge.data.archive import ScanArchive
 from srforge.data.collate import AlignedCollate
-from srforge.data.images import DataError
-from srforge.data.naming import scan_stem
 from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.defaults import PRECISIONS
-from srforge.engine.checkpoint import (
-    class_names_or_default,
-    load_checkpoint,
-    model_from_checkpoint,
-)
-from srforge.engine.device import autocast, resolve_device
+from srforge.engine.checkpoint import class_names_or_default, load_checkpoint, model_from_checkpoint
+from srforge.engine.device import autocast, cuda_pixel_budget, resolve_device
 from srforge.engine.metrics import class_map
 from srforge.engine.tiling import predict_tiled, tile_shape
-from srforge.geometry import crop_to_sizes, round_up
+from srforge.geometry import aligned_size
 
-# Pixels per batch (n * Hp * Wp); a scan over it alone is tiled. On a GPU batching fills the device (a full-scale
-# 640 x 12,800 scan fits). On CPU batches are slower per scan than one scan at a time (benchmarks/bench_predict.py,
-# 40 scans at 1/8 scale on 2 cores: 0.53x the batch-1 loop at a 4 Mpx budget, 0.82x at 1 Mpx): there the default
-# batch is one scan and the budget only bounds memory (a full-scale 640 x 6,400 scan fits; wider ones are tiled).
-DEFAULT_MAX_PIXELS = {"cpu": 2**22, "cuda": 2**24}
-DEFAULT_MAX_BATCH = {"cpu": 1, "cuda": None}
-POOL = 32  # scans read ahead together from an archive without random access (.tar.gz)
-_COLORS = [
-    (230, 25, 75),
-    (60, 180, 75),
-    (0, 130, 200),
-    (245, 130, 48),
-    (145, 30, 180),
-    (70, 240, 240),
-    (240, 50, 230),
-    (210, 245, 60),
-    (250, 190, 212),
-    (0, 128, 128),
-]
+# Padded pixels per batch on the CPU (a full-scale 640 x 6,400 scan fits; wider ones are tiled). On CUDA the
+# default comes from the device: half its free memory over the model's measured bytes per pixel.
+DEFAULT_CPU_PIXELS = 2**22
+# ``max_batch`` values: "auto" -> this cap by device type (missing: no cap); None or 0 -> no cap; n >= 1 -> n.
+# On CPU batches of several scans measured slower per scan than one at a time (README, Performance).
+AUTO_MAX_BATCH = {"cpu": 1}
+# The public name of CUDA's out-of-memory error in every torch from 2.4 on (torch.OutOfMemoryError came later).
+OutOfMemoryError = torch.cuda.OutOfMemoryError
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
-# -- outputs ---------------------------------------------------------------------------------------
-def read_complete(path: Path, size: tuple[int, int], mode: str) -> np.ndarray | None:
-    """The image at path as an array if it decodes fully, in PIL ``mode``, at ``size`` (H, W); else None."""
-    try:
-        with Image.open(path) as image:
-            image.load()
-            if image.mode != mode or image.size != (size[1], size[0]):
-                return None
-            return np.asarray(image)
-    except (OSError, ValueError, SyntaxError):
-        return None
+def batch_cap(max_batch: int | str | None, device: torch.device) -> int | None:
+    """The one reading of ``max_batch``: scans per batch at most, or None for no cap.
 
-
-def _npy_complete(path: Path, shape: tuple[int, ...]) -> bool:
-    try:
-        return np.load(path, mmap_mode="r").shape == shape
-    except (OSError, ValueError):
-        return False
-
-
-def class_fractions(mask: torch.Tensor, num_classes: int) -> list[float]:
-    """Fraction of the pixels of ``mask`` [H, W] in each class, [K] summing to 1."""
-    counts = torch.bincount(mask.flatten(), minlength=num_classes)[:num_classes]
-    return [round(float(c) / mask.numel(), 6) for c in counts]
-
-
-def draw_overlay(image: torch.Tensor, mask: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """The scan [C, H, W] uint8 as RGB with classes 1..K-1 of ``mask`` [H, W] drawn at half opacity -> [3, H, W]."""
-    rgb = image[:3] if image.shape[0] >= 3 else image[:1].expand(3, -1, -1)
-    if image.is_floating_point():
-        rgb = (rgb.clamp(0, 1) * 255).round().to(torch.uint8)
-    classes = torch.arange(1, num_classes)[:, None, None]
-    colors = [_COLORS[(c - 1) % len(_COLORS)] for c in range(1, num_classes)]
-    return draw_segmentation_masks(rgb, mask[None] == classes, alpha=0.5, colors=colors)
-
-
-def _save_png(array: np.ndarray, mode: str) -> Callable[[Any], None]:
-    return lambda f: Image.fromarray(array, mode).save(f, format="PNG")
-
-
-def output_paths(out_dir: Path, name: str) -> dict[str, Path]:
-    """Where scan ``name`` (a safe relative path) writes each output."""
-    stem = scan_stem(name)  # the key ScanArchive checks for clashes: scan.v1.tif and scan.v2.tif stay apart
-    return {
-        "mask": out_dir / "masks" / f"{stem}.png",
-        "overlay": out_dir / "overlays" / f"{stem}.png",
-        "probabilities": out_dir / "probabilities" / f"{stem}.npy",
-    }
-
-
-def write_report(out_dir: Path, rows: list[dict], summary: dict, class_names: Sequence[str]) -> None:
-    """report.json ({"summary", "scans"}) and report.csv (one row a scan, ``frac_<class>`` columns)."""
-    text = json.dumps({"summary": summary, "scans": rows}, indent=1)
-    atomic_write_text(out_dir / "report.json", text)
-    buffer = io.StringIO()
-    fields = ["name", "status", "height", "width", "ms", "error"] + [f"frac_{c}" for c in class_names]
-    writer = csv.DictWriter(buffer, fields)
-    writer.writeheader()
-    for row in rows:
-        fractions = dict(zip(fields[6:], row["fractions"] or []))
-        writer.writerow({**{k: row[k] for k in fields[:6]}, **fractions})
-    atomic_write_text(out_dir / "report.csv", buffer.getvalue())
-
-
-def _row(name, status, size=None, error=None, fractions=None, ms=None) -> dict:
-    height, width = size if size is not None else (None, None)
-    return {
-        "name": name,
-        "status": status,
-        "height": height,
-        "width": width,
-        "error": error,
-        "fractions": fractions,
-        "ms": None if ms is None else round(ms, 2),
-    }
-
-
-def _done(paths: dict[str, Path], size: tuple[int, int], k: int, wanted: Sequence[str]) -> torch.Tensor | None:
-    """The finished mask int64 [H, W] when every wanted output of a scan is complete, else None."""
-    mask = read_complete(paths["mask"], size, "L")
-    if mask is None or ("overlay" in wanted and read_complete(paths["overlay"], size, "RGB") is None):
-        return None
-    if "probabilities" in wanted and not _npy_complete(paths["probabilities"], (k, *size)):
-        return None
-    return torch.from_numpy(mask.astype(np.int64))
-
-
-def predict_archive(
-    predictor: Predictor,
-    archive: ScanArchive,
-    out_dir,
-    overlay: bool = False,
-    probabilities: bool = False,
-    overwrite: bool = False,
-    strict: bool = False,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Predict every scan of ``archive`` into ``out_dir`` (layout in the module docstring); returns the summary.
-
-    Statuses: ok (predicted now), skipped (complete outputs found, ``overwrite=False``), failed (unreadable
-    scan or a failed batch; the error says which), rejected (a member ScanArchive refused). Each bad scan is
-    reported and the rest still run; ``strict`` stops at the first failed or rejected scan.
+    "auto" -> AUTO_MAX_BATCH for the device type (1 on CPU, no cap on CUDA); None or 0 -> no cap; n >= 1 -> n.
+    Anything else is a ValueError naming the value.
     """
-    out_dir = Path(out_dir)
-    start = time.perf_counter()
-    remove_stale_temporaries(out_dir)
-    k, wanted = predictor.num_classes, ["mask"] + ["overlay"] * overlay + ["probabilities"] * probabilities
-    rows = [_row(name, "rejected", error=reason) for name, reason in archive.rejected]
-    stop = strict and bool(rows)
-    todo, sizes = [], {}
-    bar = tqdm(total=len(archive), unit="scan", desc="predict", disable=not progress, dynamic_ncols=True)
-    for i in [] if stop else archive.in_archive_order(range(len(archive))):
-        name = archive.names[i]
-        try:
-            size = archive.size(i)
-        except DataError as error:
-            rows.append(_row(name, "failed", error=str(error)))
-            bar.update()
-            if stop := strict:
-                break
-            continue
-        mask = None if overwrite else _done(output_paths(out_dir, name), size, k, wanted)
-        if mask is None:
-            todo.append(i)
-            sizes[i] = size
-        else:
-            rows.append(_row(name, "skipped", size, fractions=class_fractions(mask, k)))
-            bar.update()
+    if max_batch == "auto":
+        return AUTO_MAX_BATCH.get(device.type)
+    if max_batch is None or (isinstance(max_batch, int) and not isinstance(max_batch, bool) and max_batch >= 0):
+        return max_batch or None
+    raise ValueError(f"max_batch must be 'auto', None, 0 (no cap) or an int >= 1, got {max_batch!r}")
 
-    pools = [todo[j : j + POOL] for j in range(0, len(todo), POOL)] if archive.sequential else [todo]
-    for pool in [] if stop or not todo else pools:
-        data = archive.read_bytes(pool) if archive.sequential else {}
-        for batch in predictor.plan([sizes[i] for i in pool]):
-            batch_start = time.perf_counter()
-            images, ready = [], []
-            for i in (pool[j] for j in batch):
-                try:
-                    images.append(archive.read(i, predictor.image_mode, data.pop(i, None)))
-                    ready.append(i)
-                except DataError as error:
-                    rows.append(_row(archive.names[i], "failed", sizes[i], error=str(error)))
-                    stop = stop or strict
-            try:
-                outputs = predictor.outputs(images) if images and not stop else []
-            except (RuntimeError, ValueError) as error:  # e.g. out of memory: name the scans, go on
-                rows += [_row(archive.names[i], "failed", sizes[i], error=f"inference failed: {error}") for i in ready]
-                outputs, stop = [], strict
-            ms = (time.perf_counter() - batch_start) * 1000 / max(1, len(batch))
-            for i, image, probs in zip(ready, images, outputs):
-                mask = class_map(probs, dim=0)
-                paths = output_paths(out_dir, archive.names[i])
-                atomic_write(paths["mask"], _save_png(mask.to(torch.uint8).numpy(), "L"))
-                if overlay:
-                    drawn = draw_overlay(image, mask, k).permute(1, 2, 0).contiguous().numpy()
-                    atomic_write(paths["overlay"], _save_png(drawn, "RGB"))
-                if probabilities:
-                    atomic_write(paths["probabilities"], lambda f, p=probs: np.save(f, p.to(torch.float16).numpy()))
-                rows.append(_row(archive.names[i], "ok", sizes[i], fractions=class_fractions(mask, k), ms=ms))
-            bar.update(len(batch))
-            if stop:
-                break
-        if stop:
-            break
-    bar.close()
 
-    seconds = time.perf_counter() - start
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "skipped", "failed", "rejected")}
-    summary = {
-        "scans": len(rows),
-        **counts,
-        "stopped_early": stop,
-        "seconds": round(seconds, 3),
-        "scans_per_second": round(counts["ok"] / seconds, 3) if seconds > 0 else None,
-        "classes": list(predictor.class_names),
-        "input": str(archive.path),
-        "output": str(out_dir),
-    }
-    write_report(out_dir, sorted(rows, key=lambda r: r["name"]), summary, predictor.class_names)
-    return summary
+def _image_mode_from_config(ckpt: dict[str, Any]) -> str | None:
+    """Where checkpoints written before ``image_mode`` was recorded keep it: the dataset's arguments."""
+    config = ckpt.get("config") or {}
+    dataset = config.get("data", {}).get("dataset", {}) if isinstance(config, dict) else {}
+    args = dataset.get("args") if isinstance(dataset, dict) else None
+    return args.get("image_mode") if isinstance(args, dict) else None
+
+
+@dataclass
+class Prediction:
+    """One scan's result on the host: ``mask`` uint8 [H, W] class ids; ``probabilities`` [K, H, W] or None.
+
+    On CUDA the copies to the host may still be in flight: :meth:`wait` before reading them.
+    """
+
+    mask: torch.Tensor
+    probabilities: torch.Tensor | None = None
+    ready: Any = None  # a torch.cuda.Event recorded after the copies, or None
+
+    def wait(self) -> Prediction:
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+        return self
 
 
 class Predictor:
@@ -258,16 +85,18 @@ class Predictor:
 
     ``predict(images)`` -> class maps; ``probabilities(images)`` -> softmax maps; both take a list of scans
     [C, H, W] (uint8 0..255, or float 0..1) and return one result a scan at its exact (H, W), computed in
-    size-grouped batches of at most ``max_pixels`` padded pixels (default by device: DEFAULT_MAX_PIXELS).
+    size-grouped batches of at most ``max_pixels`` padded pixels (default: DEFAULT_CPU_PIXELS on CPU; on CUDA
+    measured from the device and the model, see :func:`srforge.engine.device.cuda_pixel_budget`).
     A scan whose aligned size alone exceeds the budget is tiled, tiles overlapping by ``overlap`` px
-    (default 4 * size_divisor). ``max_batch`` caps scans per batch: "auto" (the default) takes the device's
-    DEFAULT_MAX_BATCH (1 on CPU, where batching measured slower; no cap on CUDA), None means no cap.
-    ``precision``: fp32, bf16 or fp16 (autocast).
+    (default 4 * size_divisor). ``max_batch`` caps scans per batch (:func:`batch_cap`). ``precision``: fp32,
+    bf16 or fp16 (autocast). ``image_mode`` is the PIL mode scans are decoded to (default from the model's
+    input channels: L, RGB or RGBA).
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
+        *,
         class_names: Sequence[str] | None = None,
         device="cpu",
         precision: str = "fp32",
@@ -281,15 +110,11 @@ class Predictor:
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.divisor, self.num_classes = model.size_divisor, model.num_classes
+        if self.num_classes > 256:
+            raise ValueError(f"masks are written as uint8 PNG: at most 256 classes, the model has {self.num_classes}")
         self.class_names = class_names_or_default(class_names, self.num_classes)
         self.precision = precision
-        self.max_pixels = int(max_pixels or DEFAULT_MAX_PIXELS.get(self.device.type, DEFAULT_MAX_PIXELS["cpu"]))
-        if self.max_pixels < 4 * self.divisor**2:
-            raise ValueError(
-                f"max_pixels={self.max_pixels} is below one {2 * self.divisor}x{2 * self.divisor} tile "
-                f"(size_divisor {self.divisor}); raise it"
-            )
-        self.max_batch = DEFAULT_MAX_BATCH.get(self.device.type) if max_batch == "auto" else max_batch
+        self.max_batch = batch_cap(max_batch, self.device)
         self.overlap = 4 * self.divisor if overlap is None else int(overlap)
         if self.overlap < 0:
             raise ValueError(f"Tile overlap must be >= 0 px, found {self.overlap}.")
@@ -297,30 +122,43 @@ class Predictor:
         if self.image_mode is None:
             raise ValueError(f"no PIL mode for a {model.in_channels}-channel model; pass image_mode")
         self.collate = AlignedCollate(self.divisor, pad={"image": 0})
+        if max_pixels is None:
+            max_pixels = (
+                cuda_pixel_budget(self.model, self.device, precision)
+                if self.device.type == "cuda"
+                else DEFAULT_CPU_PIXELS
+            )
+        self.max_pixels = int(max_pixels)
+        if self.max_pixels < 4 * self.divisor**2:
+            raise ValueError(
+                f"max_pixels={self.max_pixels} is below one {2 * self.divisor}x{2 * self.divisor} tile "
+                f"(size_divisor {self.divisor}); raise it"
+            )
+        self.timings: list | None = None  # set to [] to record the time of every model call (busy_seconds)
 
     @classmethod
-    def from_checkpoint(
-        cls,
-        path,
-        device="auto",
-        precision: str = "fp32",
-        max_pixels: int | None = None,
-        overlap: int | None = None,
-        max_batch: int | str | None = "auto",
-    ) -> Predictor:
-        """The Predictor a checkpoint describes: weights, divisor, classes, normalisation, image mode."""
+    def from_checkpoint(cls, path, *, device="auto", **options) -> Predictor:
+        """The Predictor a checkpoint describes: weights, divisor, classes, normalisation, image mode.
+
+        ``options`` are Predictor's keywords (precision, max_pixels, overlap, max_batch). The image mode is the
+        checkpoint's ``image_mode``; checkpoints written before it was recorded keep it in their config.
+        """
         ckpt = load_checkpoint(path)
-        dataset_args = (ckpt.get("config") or {}).get("data", {}).get("dataset", {}).get("args", {})
-        return cls(
-            model_from_checkpoint(ckpt, path),
-            ckpt["class_names"],
-            device,
-            precision,
-            max_pixels,
-            overlap,
-            dataset_args.get("image_mode"),
-            max_batch,
-        )
+        model = model_from_checkpoint(ckpt, path)
+        names = ckpt["class_names"]
+        if names and len(names) != model.num_classes:
+            raise ValueError(
+                f"{path}: {len(names)} class names for a model of {model.num_classes} classes; a checkpoint "
+                "needs one name per class (model.class_names in the training config)"
+            )
+        mode = ckpt.get("image_mode") or _image_mode_from_config(ckpt)
+        return cls(model, class_names=names, device=device, image_mode=mode, **options)
+
+    # -- planning ---------------------------------------------------------------------------------------
+    def aligned_area(self, size: tuple[int, int]) -> int:
+        """Padded pixels of one scan of (H, W) on its own."""
+        height, width = aligned_size(*size, self.divisor)
+        return height * width
 
     def plan(self, sizes: Sequence[tuple[int, int]]) -> list[list[int]]:
         """Indices into ``sizes`` grouped into batches under the pixel budget (an oversized scan alone)."""
@@ -330,35 +168,117 @@ class Predictor:
         step = self.max_batch or len(sizes)
         return [batch[j : j + step] for batch in batches for j in range(0, len(batch), step)]
 
-    def _aligned_area(self, image: torch.Tensor) -> int:
-        return int(np.prod([round_up(n, self.divisor) for n in image.shape[-2:]]))
-
-    @torch.inference_mode()
-    def run_batch(self, images: list[torch.Tensor]) -> list[torch.Tensor]:
-        """One padded batch, no budget check: scans [C, H_i, W_i] -> probabilities float32 [K, H_i, W_i] (CPU)."""
+    def collate_images(self, images: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """{"image": [B, C, Hp, Wp], "sizes": [B, 2]} on the host; pinned on CUDA so the copy overlaps."""
         batch = self.collate([{"image": image} for image in images])
-        image, sizes = batch["image"].to(self.device), batch["sizes"].to(self.device)
-        with autocast(self.device, self.precision):
-            logits = self.model(image, sizes)
-        probs = logits.float().softmax(1).cpu()
-        return crop_to_sizes(probs, sizes.cpu())
+        if self.device.type == "cuda":
+            batch["image"] = batch["image"].pin_memory()
+        return batch
 
-    def outputs(self, images: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Probabilities of one planned batch: padded together, or one scan over the budget, tiled."""
-        if len(images) == 1 and self._aligned_area(images[0]) > self.max_pixels:
-            image = images[0]
-            tile = tile_shape(*image.shape[-2:], self.max_pixels, self.divisor)
-            return [
-                predict_tiled(
-                    self.run_batch,
-                    image,
-                    tile,
-                    self.overlap,
-                    self.divisor,
-                    max(1, self.max_pixels // (tile[0] * tile[1])),
+    # -- inference --------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _run(self, batch: dict[str, torch.Tensor], probs_dtype: torch.dtype | None) -> list[Prediction]:
+        """One padded batch on the device, no budget check -> one Prediction a scan (copies maybe in flight)."""
+        cuda = self.device.type == "cuda"
+        image = batch["image"].to(self.device, non_blocking=True)
+        sizes = batch["sizes"]
+        clock = self._start_clock()
+        with autocast(self.device, self.precision):
+            logits = self.model(image, sizes.to(self.device, non_blocking=True))
+        masks = class_map(logits, dim=1).to(torch.uint8)
+        probs = logits.float().softmax(1).to(probs_dtype) if probs_dtype is not None else None
+        self._stop_clock(clock)
+        out = [
+            Prediction(self._to_host(masks[b, :h, :w]), None if probs is None else self._to_host(probs[b, :, :h, :w]))
+            for b, (h, w) in enumerate(sizes.tolist())
+        ]
+        if cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+            for prediction in out:
+                prediction.ready = ready
+        return out
+
+    def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return tensor.contiguous()
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        return host.copy_(tensor, non_blocking=True)
+
+    def _start_clock(self):
+        if self.timings is None:
+            return None
+        if self.device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            return start
+        return time.perf_counter()
+
+    def _stop_clock(self, start) -> None:
+        if start is None:
+            return
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.timings.append((start, end))
+        else:
+            self.timings.append(time.perf_counter() - start)
+
+    def busy_seconds(self) -> float:
+        """Seconds the device spent in model calls since ``timings`` was set to [] (synchronises on CUDA)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return sum(start.elapsed_time(end) for start, end in self.timings or []) / 1000
+        return float(sum(self.timings or []))
+
+    def _forget_oom(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def infer(
+        self,
+        images: Sequence[torch.Tensor],
+        probs_dtype: torch.dtype | None = None,
+        batch: dict[str, torch.Tensor] | None = None,
+    ) -> list[Prediction]:
+        """Predictions for one planned batch of scans [C, H_i, W_i] (``batch``: their collate, if made already).
+
+        Probabilities are computed only when ``probs_dtype`` is given. Out of memory: the batch is split in
+        halves and each retried; a single scan is tiled, with tiles halved until one 2d x 2d tile per batch.
+        """
+        if len(images) == 1 and self.aligned_area(tuple(images[0].shape[-2:])) > self.max_pixels:
+            return [self._tiled(images[0], probs_dtype, self.max_pixels)]
+        try:
+            return self._run(batch if batch is not None else self.collate_images(images), probs_dtype)
+        except OutOfMemoryError:
+            pass  # leave the except block first, so the failed attempt's tensors can be freed
+        batch = None
+        self._forget_oom()
+        if len(images) > 1:
+            half = len(images) // 2
+            return self.infer(images[:half], probs_dtype) + self.infer(images[half:], probs_dtype)
+        return [self._tiled(images[0], probs_dtype, self.aligned_area(tuple(images[0].shape[-2:])) // 2)]
+
+    def _tiled(self, image: torch.Tensor, probs_dtype: torch.dtype | None, budget: int) -> Prediction:
+        """One scan in tiles of at most ``budget`` pixels, halving the tiles on out-of-memory."""
+        smallest = 4 * self.divisor**2
+        budget = max(smallest, budget)
+
+        def run(tiles: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+            return [(p.wait().mask, p.probabilities) for p in self._run(self.collate_images(tiles), probs_dtype)]
+
+        while True:
+            tile = tile_shape(*image.shape[-2:], budget, self.divisor)
+            try:
+                mask, probs = predict_tiled(
+                    run, image, tile, self.overlap, self.divisor, max(1, budget // (tile[0] * tile[1]))
                 )
-            ]
-        return self.run_batch(images)
+                return Prediction(mask, probs)
+            except OutOfMemoryError:
+                if tile[0] * tile[1] <= smallest and budget <= smallest:
+                    raise
+            self._forget_oom()
+            budget = max(smallest, min(budget, tile[0] * tile[1]) // 2)
 
     def _check(self, images: Sequence[torch.Tensor]) -> None:
         for i, image in enumerate(images):
@@ -369,15 +289,18 @@ class Predictor:
             if image.dtype != torch.uint8 and not image.is_floating_point():
                 raise TypeError(f"Predictor: image {i} is {image.dtype}; give uint8 (0..255) or float (0..1)")
 
+    def _all(self, images: Sequence[torch.Tensor], probs_dtype: torch.dtype | None) -> list[Prediction]:
+        self._check(images)
+        out: list[Prediction | None] = [None] * len(images)
+        for batch in self.plan([tuple(image.shape[-2:]) for image in images]):
+            for i, prediction in zip(batch, self.infer([images[i] for i in batch], probs_dtype)):
+                out[i] = prediction.wait()
+        return out
+
     def probabilities(self, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Softmax probabilities float32 [K, H_i, W_i] for scans [C, H_i, W_i], in the order given."""
-        self._check(images)
-        out: list[torch.Tensor | None] = [None] * len(images)
-        for batch in self.plan([tuple(image.shape[-2:]) for image in images]):
-            for i, probs in zip(batch, self.outputs([images[i] for i in batch])):
-                out[i] = probs
-        return out
+        return [p.probabilities for p in self._all(images, torch.float32)]
 
     def predict(self, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Class maps int64 [H_i, W_i] for scans [C, H_i, W_i] (uint8, or float in [0, 1])."""
-        return [class_map(probs, dim=0) for probs in self.probabilities(images)]
+        return [p.mask.long() for p in self._all(images, None)]

@@ -53,28 +53,32 @@ def tile_shape(height: int, width: int, max_pixels: int, divisor: int) -> tuple[
 
 
 def predict_tiled(
-    run_batch: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+    run_batch: Callable[[list[torch.Tensor]], list[tuple[torch.Tensor | None, ...]]],
     image: torch.Tensor,
     tile: tuple[int, int],
     overlap: int,
     divisor: int,
     tiles_per_batch: int = 1,
-) -> torch.Tensor:
-    """Per-pixel outputs [K, H, W] of ``image`` [C, H, W], stitched from tiles.
+) -> tuple[torch.Tensor | None, ...]:
+    """Per-pixel outputs of ``image`` [C, H, W], stitched from tiles: a tuple of [..., H, W] tensors.
 
-    ``run_batch`` maps a list of tiles [C, h, w] to their outputs [K, h, w] (it pads, runs the model and
-    crops back); it gets ``tiles_per_batch`` tiles at a time.
+    ``run_batch`` maps a list of tiles [C, h, w] to one tuple of outputs per tile, each [..., h, w] or None
+    (e.g. a class map [h, w] and probabilities [K, h, w]); it pads, runs the model and crops back, and gets
+    ``tiles_per_batch`` tiles at a time. Every output is per pixel, so a class map stitched from tiles equals
+    the class map of the stitched scores.
     """
     height, width = image.shape[-2:]
     ys = tile_spans(height, tile[0], min(overlap, tile[0] - divisor), divisor)
     xs = tile_spans(width, tile[1], min(overlap, tile[1] - divisor), divisor)
     tiles = [(y, x) for y in ys for x in xs]
-    out = None
+    out: list[torch.Tensor | None] | None = None
     for first in range(0, len(tiles), tiles_per_batch):
         chunk = tiles[first : first + tiles_per_batch]
         results = run_batch([image[:, y[0] : y[1], x[0] : x[1]] for y, x in chunk])
         for ((y0, _, ky0, ky1), (x0, _, kx0, kx1)), result in zip(chunk, results):
             if out is None:
-                out = result.new_empty((result.shape[0], height, width))
-            out[:, ky0:ky1, kx0:kx1] = result[:, ky0 - y0 : ky1 - y0, kx0 - x0 : kx1 - x0]
-    return out
+                out = [None if r is None else r.new_empty((*r.shape[:-2], height, width)) for r in result]
+            for whole, part in zip(out, result):
+                if part is not None:
+                    whole[..., ky0:ky1, kx0:kx1] = part[..., ky0 - y0 : ky1 - y0, kx0 - x0 : kx1 - x0]
+    return tuple(out)
