@@ -1,0 +1,200 @@
+"""The pipelined predictor: the bytes of in-process prediction, out of memory handled, many processes, one archive."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from predict_fixtures import members, output_files, random_checkpoint, scan, write_folder, write_tar, write_zip
+
+from srforge.cli import main_predict
+from srforge.data.archive import ScanArchive
+from srforge.engine.pipeline import predict_archive
+from srforge.engine.predictor import Predictor, batch_cap
+from srforge.engine.sharding import split_by_pixels
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return random_checkpoint(tmp_path_factory.mktemp("ckpt") / "random.pt")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def predict(ckpt, source, out, *extra) -> int:
+    return main_predict(
+        ["--checkpoint", str(ckpt), "--input", str(source), "--output", str(out), "--no-progress", *extra]
+    )
+
+
+def report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.parametrize("kind", ["folder", "zip", "tar.gz"])
+def test_pipelined_outputs_are_byte_identical_to_in_process(tmp_path, ckpt, kind):
+    files = {**members(13), "broken.png": b"not an image"}
+    source = {
+        "folder": lambda: write_folder(tmp_path / "scans", files),
+        "zip": lambda: write_zip(tmp_path / "scans.zip", files),
+        "tar.gz": lambda: write_tar(tmp_path / "scans.tar.gz", files),
+    }[kind]()
+    extra = ["--overlay", "--probabilities", "--max-batch", "0"]  # real batches of several scans
+    assert predict(ckpt, source, tmp_path / "inline", "--workers", "0", *extra) == 1  # broken.png failed
+    assert predict(ckpt, source, tmp_path / "piped", "--workers", "2", *extra) == 1
+    inline, piped = output_files(tmp_path / "inline"), output_files(tmp_path / "piped")
+    assert len(inline) == 3 * 13 and inline.keys() == piped.keys()
+    assert all(inline[k] == piped[k] for k in inline), [k for k in inline if inline[k] != piped[k]]
+    strip = [{k: v for k, v in r.items() if k != "ms"} for r in report(tmp_path / "inline")["scans"]]
+    assert strip == [{k: v for k, v in r.items() if k != "ms"} for r in report(tmp_path / "piped")["scans"]]
+    rows = {r["name"]: r for r in report(tmp_path / "piped")["scans"]}
+    assert rows["broken.png"]["status"] == "failed" and "broken.png: cannot" in rows["broken.png"]["error"]
+
+
+def test_class_map_from_logits_matches_the_probabilities(ckpt):
+    predictor = Predictor.from_checkpoint(ckpt, device="cpu", max_batch=0)
+    images = [torch.from_numpy(scan(i)).permute(2, 0, 1) for i in range(6)]
+    for mask, probs in zip(predictor.predict(images), predictor.probabilities(images)):
+        assert mask.dtype == torch.int64 and probs.dtype == torch.float32
+        top = probs.topk(2, dim=0).values
+        differ = mask != probs.argmax(0)
+        assert not differ.any() or (top[0] - top[1])[differ].max() < 1e-5
+
+
+class OutOfMemoryAbove(torch.nn.Module):
+    """The model, but a CUDA out-of-memory error for any input of more than ``limit`` padded pixels."""
+
+    def __init__(self, model, limit):
+        super().__init__()
+        self.model, self.limit, self.seen = model, limit, []
+        self.size_divisor, self.num_classes, self.in_channels = model.size_divisor, model.num_classes, model.in_channels
+
+    def forward(self, image, sizes):
+        pixels = image.shape[0] * image.shape[2] * image.shape[3]
+        self.seen.append((image.shape[0], image.shape[2], image.shape[3], pixels > self.limit))
+        if pixels > self.limit:
+            raise torch.cuda.OutOfMemoryError(f"injected: {pixels} px > {self.limit}")
+        return self.model(image, sizes)
+
+
+def test_out_of_memory_splits_the_batch_then_tiles_never_fails(tmp_path, ckpt):
+    plain = Predictor.from_checkpoint(ckpt, device="cpu", max_batch=0)
+    images = [torch.from_numpy(scan(i, h=20, w=40)).permute(2, 0, 1) for i in range(4)]  # aligned 20 x 40 each
+    oom = OutOfMemoryAbove(plain.model, limit=2 * 20 * 40)
+    predictor = Predictor(oom, device="cpu", max_batch=0)
+    assert predictor.plan([(20, 40)] * 4) == [[0, 1, 2, 3]]
+    split = predictor.predict(images)
+    assert [(b, fail) for b, _, _, fail in oom.seen] == [(4, True), (2, False), (2, False)]  # split once, in halves
+    assert all(torch.equal(a, b) for a, b in zip(split, plain.predict(images)))
+
+    oom.seen.clear()
+    oom.limit = 20 * 40 // 2  # not even one scan fits: tiles
+    tiled = predictor.predict(images[:1])[0]
+    assert oom.seen[0] == (1, 20, 40, True) and all(not fail for *_, fail in oom.seen[2:])
+    assert any(h * w <= oom.limit for _, h, w, fail in oom.seen if not fail)
+    expected = Predictor(plain.model, device="cpu", max_pixels=oom.limit, overlap=predictor.overlap)
+    assert torch.equal(tiled, expected.predict(images[:1])[0])  # the tiles a budget this small would choose
+
+    oom.limit = 0  # nothing fits, not even the smallest tile: only now is the scan failed
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        predictor.predict(images[:1])
+
+
+def test_out_of_memory_in_an_archive_run_fails_no_scan(tmp_path, ckpt):
+    source = write_zip(tmp_path / "s.zip", members(8, h=20, w=40))
+    plain = Predictor.from_checkpoint(ckpt, device="cpu", max_batch=0)
+    oom = OutOfMemoryAbove(plain.model, limit=20 * 40 // 2)
+    with ScanArchive(source) as archive:
+        summary = predict_archive(Predictor(oom, device="cpu", max_batch=0), archive, tmp_path / "oom", progress=False)
+        assert summary["ok"] == 8 and summary["failed"] == 0
+        oom.limit = 0
+        summary = predict_archive(
+            Predictor(oom, device="cpu", max_batch=0), archive, tmp_path / "none", progress=False, workers=1
+        )
+    assert summary["failed"] == 8  # a scan fails only as one smallest tile
+    assert all("inference failed: injected" in r["error"] for r in report(tmp_path / "none")["scans"])
+
+
+def test_max_batch_has_one_meaning_per_value():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert batch_cap("auto", cpu) == 1 and batch_cap("auto", cuda) is None
+    assert batch_cap(None, cpu) is None and batch_cap(0, cpu) is None and batch_cap(5, cuda) == 5
+    for bad in (-1, 1.5, "3", True):
+        with pytest.raises(ValueError, match="max_batch must be 'auto', None, 0"):
+            batch_cap(bad, cpu)
+
+
+def test_predictor_takes_keywords_after_the_model(ckpt):
+    model = Predictor.from_checkpoint(ckpt, device="cpu").model
+    with pytest.raises(TypeError):
+        Predictor(model, ["a", "b", "c"])
+
+
+def test_split_by_pixels_is_balanced_and_deterministic():
+    keys = [f"s{i:03d}" for i in range(50)]
+    pixels = [(i * 7919) % 97 + 3 for i in range(50)]
+    shares = split_by_pixels(keys, pixels, 3)
+    assert sorted(p for share in shares for p in share) == list(range(50))
+    loads = [sum(pixels[p] for p in share) for share in shares]
+    assert max(loads) - min(loads) <= max(pixels)
+    assert split_by_pixels(keys, pixels, 3) == shares and split_by_pixels(keys, pixels, 1) == [list(range(50))]
+
+
+def torchrun(n: int, ckpt, source, out, *extra, popen=False):
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+    args += [str(ROOT / "scripts" / "predict.py"), "--checkpoint", str(ckpt), "--input", str(source)]
+    args += ["--output", str(out), "--no-progress", "--device", "cpu", *extra]
+    if popen:
+        return subprocess.Popen(
+            args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+    return subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def test_two_processes_under_torchrun_give_the_masks_of_one_and_one_report(tmp_path, ckpt):
+    files = {**members(12), "bad.png": b"junk"}
+    source = write_zip(tmp_path / "s.zip", files)
+    assert predict(ckpt, source, tmp_path / "one", "--workers", "0") == 1
+    done = torchrun(2, ckpt, source, tmp_path / "two", "--workers", "1")
+    assert done.returncode == 1, done.stderr[-3000:]  # bad.png failed, in either process's share
+    assert done.stdout.count("srforge-predict: 13 scans: 12 ok, 0 skipped, 1 failed") == 1  # rank 0 alone prints
+    assert output_files(tmp_path / "one") == output_files(tmp_path / "two")
+    merged = report(tmp_path / "two")
+    assert merged["summary"]["processes"] == 2 and merged["summary"]["scans"] == 13
+    assert [r["name"] for r in merged["scans"]] == sorted(files)
+    assert not list((tmp_path / "two" / ".partial").glob("*"))
+
+
+def test_rerun_with_another_world_size_after_a_kill_completes_the_set(tmp_path, ckpt):
+    files = members(120, h=40, w=120)
+    source = write_tar(tmp_path / "many.tar.gz", files)
+    out = tmp_path / "out"
+    proc = torchrun(2, ckpt, source, out, "--workers", "0", popen=True)
+    deadline = time.time() + 180
+    while proc.poll() is None and time.time() < deadline and len(list((out / "masks").rglob("*.png"))) < 5:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both of its processes
+    proc.wait(timeout=60)
+    finished = list((out / "masks").rglob("*.png"))
+    assert 0 < len(finished) < len(files), "the run finished before it could be killed: give it more scans"
+    done = torchrun(3, ckpt, source, out, "--workers", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = report(out)["summary"]
+    assert summary["skipped"] >= len(finished) and summary["ok"] + summary["skipped"] == len(files)
+    assert summary["processes"] == 3
+    assert predict(ckpt, source, tmp_path / "fresh", "--workers", "0") == 0
+    assert output_files(out) == output_files(tmp_path / "fresh")
