@@ -13,6 +13,7 @@ import pytest
 from predict_fixtures import members, png, random_checkpoint, scan, write_folder, write_zip
 
 from srforge.cli import main_predict
+from srforge.engine.device import budget_from_memory
 from srforge.engine.predictor import Predictor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,3 +176,18 @@ def test_a_full_disk_is_named_and_exit_1(tmp_path, ckpt, capsys):
         assert len(list((out / "masks").rglob("*.png"))) < 40
         for mask in (out / "masks").rglob("*.png"):  # whatever was written is whole
             assert mask.read_bytes().endswith(b"IEND\xaeB`\x82")
+
+
+def test_strict_stops_at_the_first_failure_and_still_lists_every_scan(tmp_path, ckpt):
+    source = write_folder(tmp_path / "in", {**members(4), "a_bad.png": b"junk"})
+    for workers in ("0", "1"):
+        assert predict(ckpt, source, tmp_path / f"out{workers}", "--strict", "--workers", workers) == 1
+        report = rows(tmp_path / f"out{workers}")
+        assert sorted(report) == sorted([*members(4), "a_bad.png"])
+        assert report["a_bad.png"]["status"] == "failed"
+        assert {report[n]["status"] for n in members(4)} == {"stopped"}
+
+
+def test_the_cuda_budget_is_free_memory_over_bytes_per_pixel():
+    assert budget_from_memory(80 * 2**30, 1024, 32) == 40 * 2**20  # half of 80 GiB at 1 KiB a pixel
+    assert budget_from_memory(2**20, 10**9, 32) == 4 * 32**2  # never below one 2d x 2d tile

@@ -11,7 +11,7 @@
 
 ``workers=0`` runs every stage in turn in the calling thread. With workers, memory is bounded: at most
 2 x workers scans (and at least two batches) are being decoded, two decoded batches wait for the device, one is
-on it, and 2 x WRITERS scans wait to be written.
+on it, and 2 x writer threads + one batch of scans wait to be written.
 
 Every scan ends as a row: ok, skipped, failed (the error says which stage), rejected (refused by ScanArchive),
 or stopped (not reached because the run stopped early: ``strict`` or a full disk). ``strict`` stops at the
@@ -26,6 +26,7 @@ import io
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -58,7 +59,6 @@ from srforge.engine.outputs import (
 from srforge.engine.predictor import Prediction, Predictor
 
 POOL = 32  # scans of a .tar.gz read together, in archive order (it has no random access)
-WRITERS = 2  # background threads that encode and write outputs
 NOT_REACHED = "not predicted: the run stopped early"
 
 
@@ -67,12 +67,18 @@ class StopRun(Exception):
 
 
 def default_workers() -> int:
-    """Background decoding processes by default: one per CPU this process may use, at most 8."""
+    """Background decoding processes by default: the CPUs this process may use but one (kept for the main
+    process: feeding the device, writing), at least 1, at most 8."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(8, cpus))
+    return max(1, min(8, cpus - 1))
+
+
+def writer_threads(workers: int) -> int:
+    """Threads that encode and write outputs: none with ``workers=0``, else 2, or workers / 2 when more."""
+    return 0 if workers == 0 else max(2, workers // 2)
 
 
 def _decode(data: bytes, mode: str, label: str) -> torch.Tensor:
@@ -82,6 +88,7 @@ def _decode(data: bytes, mode: str, label: str) -> torch.Tensor:
 
 def _worker_init() -> None:
     torch.set_num_threads(1)  # a decoder needs no intra-op threads, and a forked OpenMP pool must stay unused
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
 
 
 class _Rows:
@@ -267,10 +274,10 @@ class _Reader(threading.Thread):
 class _Writer:
     """The write stage: encode and write each scan's outputs (in ``threads`` background threads, or inline)."""
 
-    def __init__(self, out_dir: Path, archive: ScanArchive, predictor: Predictor, rows: _Rows, threads: int):
+    def __init__(self, out_dir: Path, archive, predictor: Predictor, rows: _Rows, threads: int, backlog: int):
         self.out_dir, self.archive, self.k, self.rows = out_dir, archive, predictor.num_classes, rows
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="srforge-writer") if threads else None
-        self.slots = threading.Semaphore(2 * max(1, threads))
+        self.slots = threading.Semaphore(backlog)  # scans handed over and not yet written
         self.error: BaseException | None = None  # StopRun or DiskFullError from a writer thread
 
     def submit(self, i: int, size, image: torch.Tensor | None, prediction: Prediction, ms: float) -> None:
@@ -393,7 +400,9 @@ def predict_archive(
     sizes = dict(todo)
     pools = plan(archive, todo, predictor)
     reader = _Reader(archive, pools, predictor, workers) if workers > 0 and todo and not stopped else None
-    writer = _Writer(out_dir, archive, predictor, rows, WRITERS if workers > 0 else 0)
+    threads = writer_threads(workers)
+    largest = max((len(batch) for pool in pools for batch in pool), default=1)
+    writer = _Writer(out_dir, archive, predictor, rows, threads, 2 * threads + largest)
     try:
         if not stopped:
             read = reader if reader is not None else read_inline(archive, pools, predictor)

@@ -14,6 +14,7 @@ a whole archive.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -182,12 +183,11 @@ class Predictor:
         cuda = self.device.type == "cuda"
         image = batch["image"].to(self.device, non_blocking=True)
         sizes = batch["sizes"]
-        clock = self._start_clock()
-        with autocast(self.device, self.precision):
-            logits = self.model(image, sizes.to(self.device, non_blocking=True))
-        masks = class_map(logits, dim=1).to(torch.uint8)
-        probs = logits.float().softmax(1).to(probs_dtype) if probs_dtype is not None else None
-        self._stop_clock(clock)
+        with self.timed():
+            with autocast(self.device, self.precision):
+                logits = self.model(image, sizes.to(self.device, non_blocking=True))
+            masks = class_map(logits, dim=1).to(torch.uint8)
+            probs = logits.float().softmax(1).to(probs_dtype) if probs_dtype is not None else None
         out = [
             Prediction(self._to_host(masks[b, :h, :w]), None if probs is None else self._to_host(probs[b, :, :h, :w]))
             for b, (h, w) in enumerate(sizes.tolist())
@@ -205,23 +205,21 @@ class Predictor:
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         return host.copy_(tensor, non_blocking=True)
 
-    def _start_clock(self):
+    @contextlib.contextmanager
+    def timed(self):
+        """Add the time of the device work inside the block to ``timings``, when it is a list (else do nothing).
+        On CUDA a pair of events, read by :meth:`busy_seconds`; elsewhere seconds."""
         if self.timings is None:
-            return None
-        if self.device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
+            yield
+        elif self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            return start
-        return time.perf_counter()
-
-    def _stop_clock(self, start) -> None:
-        if start is None:
-            return
-        if self.device.type == "cuda":
-            end = torch.cuda.Event(enable_timing=True)
+            yield
             end.record()
             self.timings.append((start, end))
         else:
+            start = time.perf_counter()
+            yield
             self.timings.append(time.perf_counter() - start)
 
     def busy_seconds(self) -> float:
