@@ -205,7 +205,7 @@ class _Reader(threading.Thread):
                 continue
         return False
 
-    def _submit(self, indices: list[int], data: dict[int, Any] | None) -> tuple[_Batch, dict[int, Future]]:
+    def _submit(self, indices: list[int], data: dict[int, Any] | None) -> tuple[_Batch, dict[int, tuple]]:
         batch, futures = _Batch(indices), {}
         mode = self.predictor.image_mode
         data = self.archive.read_bytes(indices) if data is None else data
@@ -215,18 +215,23 @@ class _Reader(threading.Thread):
                 batch.errors[i] = raw
                 continue
             try:
-                futures[i] = self.pool.submit(_decode, raw, mode, self.archive.label(i))
+                futures[i] = (self.pool.submit(_decode, raw, mode, self.archive.label(i)), raw)
             except BrokenProcessPool:  # a decoder died (e.g. killed for memory): start new ones
                 self.pool.shutdown(wait=False, cancel_futures=True)
                 self.pool = self._new_pool()
-                futures[i] = self.pool.submit(_decode, raw, mode, self.archive.label(i))
+                futures[i] = (self.pool.submit(_decode, raw, mode, self.archive.label(i)), raw)
         return batch, futures
 
-    def _finish(self, batch: _Batch, futures: dict[int, Future]) -> bool:
-        for i, future in futures.items():
+    def _finish(self, batch: _Batch, futures: dict[int, tuple[Future, bytes]]) -> bool:
+        for i, (future, raw) in futures.items():
             try:
                 batch.images[i] = future.result()
-            except Exception as error:
+            except ValueError:  # DataError: ScanArchive.read says it as in-process reading does (a cut member)
+                try:
+                    batch.images[i] = self.archive.read(i, self.predictor.image_mode, raw)
+                except Exception as error:
+                    batch.errors[i] = error
+            except Exception as error:  # e.g. BrokenProcessPool: the decoder died on this scan
                 batch.errors[i] = error
         try:
             _collate(self.predictor, batch)
