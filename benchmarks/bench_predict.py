@@ -46,9 +46,10 @@ from srforge.data.images import read_image  # noqa: E402
 from srforge.engine.device import autocast  # noqa: E402
 from srforge.engine.metrics import class_map  # noqa: E402
 from srforge.engine.outputs import class_fractions, output_paths, write_png, write_scan  # noqa: E402
-from srforge.engine.pipeline import default_workers, predict_archive  # noqa: E402
+from srforge.engine.pipeline import predict_archive  # noqa: E402
 from srforge.engine.predictor import Predictor  # noqa: E402
 from srforge.engine.tiling import predict_tiled, tile_shape  # noqa: E402
+from srforge.engine.workers import default_workers  # noqa: E402
 from srforge.geometry import crop_to_sizes  # noqa: E402
 from srforge.models import UNet  # noqa: E402
 

@@ -269,9 +269,10 @@ def main_predict(argv=None) -> int:
     """Predict class masks for every scan of a folder, .zip or .tar(.gz) with a trained srforge checkpoint."""
     from srforge.data.archive import ScanArchive
     from srforge.engine.outputs import DiskFullError, OutputError, check_input, check_output
-    from srforge.engine.pipeline import default_workers, predict_archive
+    from srforge.engine.pipeline import predict_archive
     from srforge.engine.predictor import DEFAULT_CPU_PIXELS, Predictor
     from srforge.engine.sharding import process_rank, rank_device
+    from srforge.engine.workers import default_workers
 
     parser = argparse.ArgumentParser(
         prog="srforge-predict",

@@ -24,6 +24,7 @@ import io
 import json
 import os
 import stat
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from PIL import Image
 from torchvision.utils import draw_segmentation_masks
 
 from srforge.atomic import TEMP_SUFFIX, atomic_write, atomic_write_text
+from srforge.data.images import DataError
 from srforge.data.naming import scan_stem
 
 STATUSES = ("ok", "skipped", "failed", "rejected", "stopped")
@@ -283,3 +285,28 @@ def remove_partials(out_dir: Path) -> None:
     """Drop partial reports a killed multi-process run left (its scans are found again by their outputs)."""
     for path in (out_dir / PARTIAL).glob("*.json") if (out_dir / PARTIAL).is_dir() else []:
         path.unlink(missing_ok=True)
+
+
+class StopRun(Exception):
+    """Raised inside the stages to end a run early (``strict``); the report is still written."""
+
+
+class Rows:
+    """The report's rows of this process, and the ``strict`` rule: a failed or rejected row stops the run."""
+
+    def __init__(self, strict: bool, bar):
+        self.strict, self.bar, self.rows = strict, bar, {}
+        self.lock = threading.Lock()
+
+    def add(self, name: str, status: str, *args, stop: bool = True, **kwargs) -> None:
+        with self.lock:
+            self.rows[name] = report_row(name, status, *args, **kwargs)
+        self.bar.update()
+        if stop and self.strict and status in ("failed", "rejected"):
+            raise StopRun(name)
+
+    def fail(self, name: str, size, error: BaseException | str, stage: str = "") -> None:
+        text = error if isinstance(error, str) else str(error) or type(error).__name__
+        if isinstance(error, BaseException) and not isinstance(error, DataError):
+            text = f"{stage}{type(error).__name__}: {text}"
+        self.add(name, "failed", size, error=text)

@@ -1,0 +1,237 @@
+"""The read and write stages of predict_archive, in the calling thread or in the background.
+
+Read: member bytes are read in the main process (a .tar.gz in pools, in archive order), decoded into uint8
+[C, H, W] scans -- in ``workers`` forked processes by :class:`Reader`, or in turn by :func:`read_inline` -- and
+each planned batch is collated ahead, so the device finds it ready. Write: :class:`Writer` encodes and writes
+each scan's outputs in background threads (or in turn), and reports its row.
+
+Memory stays bounded: the Reader keeps at most 2 x workers scans (and at least two batches) decoding and two
+decoded batches waiting; the Writer holds at most 2 x threads + one batch of scans not yet written.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from srforge.data.archive import ScanArchive
+from srforge.data.images import read_image
+from srforge.engine.outputs import DiskFullError, Rows, output_paths, write_scan
+from srforge.engine.predictor import Prediction, Predictor
+
+
+def default_workers() -> int:
+    """Background decoding processes by default: the CPUs this process may use but one (kept for the main
+    process: feeding the device, writing), at least 1, at most 8."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus - 1))
+
+
+def writer_threads(workers: int) -> int:
+    """Threads that encode and write outputs: none with ``workers=0``, else 2, or workers / 2 when more."""
+    return 0 if workers == 0 else max(2, workers // 2)
+
+
+def _decode(data: bytes, mode: str, label: str) -> torch.Tensor:
+    """A worker's job: one member's bytes -> uint8 [C, H, W] (read_image, as in-process reading does)."""
+    return read_image(io.BytesIO(data), mode, label=label)
+
+
+def _worker_init() -> None:
+    torch.set_num_threads(1)  # a decoder needs no intra-op threads, and a forked OpenMP pool must stay unused
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+
+
+class DecodedBatch:
+    """One planned batch after the read stage: decoded scans, their errors, and their collate (or None)."""
+
+    def __init__(self, indices: list[int]):
+        self.indices, self.images, self.errors, self.collated = indices, {}, {}, None
+
+
+def _collate(predictor: Predictor, batch: DecodedBatch) -> None:
+    images = list(batch.images.values())
+    fits = len(images) > 1 or (images and predictor.aligned_area(tuple(images[0].shape[-2:])) <= predictor.max_pixels)
+    batch.collated = predictor.collate_images(images) if fits else None
+
+
+def _pool_bytes(archive: ScanArchive, pool: list[list[int]]) -> dict[int, Any]:
+    """A .tar.gz pool's member bytes, read at once in archive order; nothing for random-access archives."""
+    return archive.read_bytes([i for batch in pool for i in batch]) if archive.sequential else {}
+
+
+def read_inline(archive: ScanArchive, pools: list[list[list[int]]], predictor: Predictor) -> Iterator[DecodedBatch]:
+    """The read stage in the calling thread (``workers=0``)."""
+    for pool in pools:
+        data = _pool_bytes(archive, pool)
+        for indices in pool:
+            batch = DecodedBatch(indices)
+            for i in indices:
+                try:
+                    batch.images[i] = archive.read(i, predictor.image_mode, data.pop(i, None))
+                except Exception as error:  # one member's error is that scan's failure
+                    batch.errors[i] = error
+            yield batch
+
+
+class Reader(threading.Thread):
+    """The read stage with ``workers`` processes: this thread reads member bytes in plan order, the processes
+    decode them, and decoded batches (collated) wait in a queue of two for the device."""
+
+    def __init__(self, archive: ScanArchive, pools: list[list[list[int]]], predictor: Predictor, workers: int):
+        super().__init__(name="srforge-reader", daemon=True)
+        self.archive, self.pools, self.predictor, self.workers = archive, pools, predictor, workers
+        self.ready: queue.Queue = queue.Queue(maxsize=2)
+        self.stop = threading.Event()
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        # fork: workers start at once and share the parent's imports; they run no torch threads (_worker_init).
+        pool = ProcessPoolExecutor(self.workers, multiprocessing.get_context("fork"), initializer=_worker_init)
+        for future in [pool.submit(int) for _ in range(self.workers)]:  # started now, not lazily from the reader thread
+            future.result()
+        return pool
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _submit(self, indices: list[int], data: dict[int, Any] | None) -> tuple[DecodedBatch, dict[int, tuple]]:
+        batch, futures = DecodedBatch(indices), {}
+        mode = self.predictor.image_mode
+        data = self.archive.read_bytes(indices) if data is None else data
+        for i in indices:
+            raw = data.pop(i)
+            if isinstance(raw, BaseException):
+                batch.errors[i] = raw
+                continue
+            try:
+                futures[i] = (self.pool.submit(_decode, raw, mode, self.archive.label(i)), raw)
+            except BrokenProcessPool:  # a decoder died (e.g. killed for memory): start new ones
+                self.pool.shutdown(wait=False, cancel_futures=True)
+                self.pool = self._new_pool()
+                futures[i] = (self.pool.submit(_decode, raw, mode, self.archive.label(i)), raw)
+        return batch, futures
+
+    def _finish(self, batch: DecodedBatch, futures: dict[int, tuple[Future, bytes]]) -> bool:
+        for i, (future, raw) in futures.items():
+            try:
+                batch.images[i] = future.result()
+            except ValueError:  # DataError: ScanArchive.read says it as in-process reading does (a cut member)
+                try:
+                    batch.images[i] = self.archive.read(i, self.predictor.image_mode, raw)
+                except Exception as error:
+                    batch.errors[i] = error
+            except Exception as error:  # e.g. BrokenProcessPool: the decoder died on this scan
+                batch.errors[i] = error
+        try:
+            _collate(self.predictor, batch)
+        except Exception as error:  # collating cannot fail for decoded scans; if it does, infer collates again
+            batch.collated = None
+            del error
+        return self._put(batch)
+
+    def run(self) -> None:
+        try:
+            pending: collections.deque = collections.deque()
+            for pool in self.pools:
+                data = _pool_bytes(self.archive, pool)
+                for indices in pool:
+                    if self.stop.is_set():
+                        return
+                    pending.append(self._submit(indices, data if self.archive.sequential else None))
+                    while len(pending) > 2 and sum(len(f) for _, f in pending) > 2 * self.workers:
+                        if not self._finish(*pending.popleft()):
+                            return
+            while pending:
+                if not self._finish(*pending.popleft()):
+                    return
+            self._put(None)
+        except BaseException as error:  # an error outside any one scan: hand it to the main thread
+            self._put(error)
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def __iter__(self) -> Iterator[DecodedBatch]:
+        self.start()
+        while True:
+            item = self.ready.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self.stop.set()
+        self.join(timeout=60)
+
+
+class Writer:
+    """The write stage: encode and write each scan's outputs (in ``threads`` background threads, or inline)."""
+
+    def __init__(self, out_dir: Path, archive, predictor: Predictor, rows: Rows, threads: int, backlog: int):
+        self.out_dir, self.archive, self.k, self.rows = out_dir, archive, predictor.num_classes, rows
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="srforge-writer") if threads else None
+        self.slots = threading.Semaphore(backlog)  # scans handed over and not yet written
+        self.error: BaseException | None = None  # StopRun or DiskFullError from a writer thread
+
+    def submit(self, i: int, size, image: torch.Tensor | None, prediction: Prediction, ms: float) -> None:
+        self.check()
+        if self.pool is None:
+            return self._write(i, size, image, prediction, ms)
+        self.slots.acquire()
+        self.pool.submit(self._write_in_thread, i, size, image, prediction, ms)
+
+    def _write_in_thread(self, *args) -> None:
+        try:
+            self._write(*args)
+        except BaseException as error:
+            self.error = self.error or error
+        finally:
+            self.slots.release()
+
+    def _write(self, i: int, size, image, prediction: Prediction, ms: float) -> None:
+        name = self.archive.names[i]
+        start = time.perf_counter()
+        try:
+            prediction.wait()
+            probs = None if prediction.probabilities is None else prediction.probabilities.numpy()
+            fractions = write_scan(output_paths(self.out_dir, name), prediction.mask.numpy(), self.k, image, probs)
+        except DiskFullError:
+            self.rows.add(name, "stopped", size, error="not written: no space left", stop=False)
+            raise
+        except Exception as error:  # a name too long, a folder in the way: this scan fails, the rest go on
+            return self.rows.fail(name, size, error, "cannot write the outputs: ")
+        ms += (time.perf_counter() - start) * 1000
+        self.rows.add(name, "ok", size, fractions=fractions, ms=ms)
+
+    def check(self) -> None:
+        """Raise in the main thread what a writer thread raised (StopRun, DiskFullError)."""
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
