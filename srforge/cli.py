@@ -191,7 +191,7 @@ def _train_config(config: str | None, resume: str | None, overrides: list[str]) 
 def main_train(argv=None) -> int:
     """Train a padding-aware U-Net from a YAML config: srforge-train --config configs/X.yaml [key.path=value ...]."""
     from srforge.config import ConfigError
-    from srforge.engine.trainer import NonFiniteLossError, train
+    from srforge.engine.trainer import DiskFullError, NonFiniteLossError, train
     from srforge.preflight import check_before_training
 
     parser = argparse.ArgumentParser(prog="srforge-train", description=main_train.__doc__)
@@ -216,6 +216,9 @@ def main_train(argv=None) -> int:
         summary = train(cfg, resume=args.resume)
     except NonFiniteLossError as exc:
         print(f"srforge-train: error: {exc}", file=sys.stderr)
+        return 1
+    except DiskFullError as exc:  # "no space left on <path>"
+        print(f"srforge-train: error: {exc.strerror}", file=sys.stderr)
         return 1
     except ValueError as exc:  # ConfigError, DataError, a mask value beyond model.num_classes: bad data, not a bug
         print(f"srforge-train: error: {_worker_free(exc)}", file=sys.stderr)

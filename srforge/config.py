@@ -82,6 +82,10 @@ SCHEMA: dict[str, Any] = {
         "dice_weight": (NUMBER, 0.0),
         "val_every": ((int,), 1),
         "skip_nonfinite": ((bool,), False),
+        # Progress-bar figures are read from the device every N steps (each read waits for the GPU to catch up).
+        "log_every": ((int,), 2),
+        # Collective timeout under torchrun (init_process_group(timeout=...)): how long a rank waits for the others.
+        "dist_timeout_s": (NUMBER, 1800),
     },
 }
 
@@ -103,6 +107,7 @@ MINIMUMS = {
     "data.batch_size": 1,
     "data.max_pixels": 1,
     "train.stop_after": 1,
+    "train.log_every": 1,
 }
 
 
@@ -182,6 +187,10 @@ def _check_values(cfg: dict) -> None:
             raise ConfigError(f"{path}: expected an integer >= {least}, found {value}.")
     if not 0 < data["val_fraction"] < 1:
         raise ConfigError(f"data.val_fraction: expected a number between 0 and 1, found {data['val_fraction']}.")
+    if not train["dist_timeout_s"] > 0:
+        raise ConfigError(
+            f"train.dist_timeout_s: expected a positive number of seconds, found {train['dist_timeout_s']}."
+        )
     if not train["lr"] > 0:
         raise ConfigError(f"train.lr: expected a positive number, found {train['lr']}.")
     names = model["class_names"]

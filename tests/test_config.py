@@ -211,3 +211,12 @@ def test_a_typo_inside_data_augment_names_the_closest_key():
     ):
         resolve({"data": {"augment": {"crop": {"max_heigth": 8}}}})
     assert resolve({"data": {"augment": {"vflip": 0.5, "crop": {"max_height": 8}}}})["data"]["augment"]["vflip"] == 0.5
+
+
+def test_log_every_and_dist_timeout_are_checked():
+    cfg = resolve({"train": {"log_every": 5, "dist_timeout_s": 60}})
+    assert cfg["train"]["log_every"] == 5 and cfg["train"]["dist_timeout_s"] == 60
+    with pytest.raises(ConfigError, match=r"train.log_every: expected an integer >= 1, found 0"):
+        resolve({"train": {"log_every": 0}})
+    with pytest.raises(ConfigError, match=r"train.dist_timeout_s: expected a positive number of seconds, found 0"):
+        resolve({"train": {"dist_timeout_s": 0}})

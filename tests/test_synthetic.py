@@ -80,3 +80,25 @@ def test_folder_reads_back_and_checks_clean(tmp_path, capsys):
     assert ds.sizes() == [tuple(ds[i].mask.shape) for i in range(4)]
     assert np.array_equal(ds[2].mask.numpy(), welllog_scan(2, scale=SMALL, classes="multiclass")[1])
     assert check_folder(tmp_path, num_classes=4) == (4, [])
+
+
+def test_bytes_do_not_depend_on_the_number_of_workers(tmp_path):
+    one = _bytes(make_welllog_scans(tmp_path / "one", 5, scale=SMALL, seed=2, workers=1)[0].parents[1])
+    three = _bytes(make_welllog_scans(tmp_path / "three", 5, scale=SMALL, seed=2, workers=3)[0].parents[1])
+    default = _bytes(make_welllog_scans(tmp_path / "default", 5, scale=SMALL, seed=2)[0].parents[1])  # CPU count
+    assert len(one) == 10 and one == three == default
+
+
+def test_only_missing_completes_a_set_cut_short(tmp_path):
+    from srforge.data.synthetic import missing_scans
+
+    full = _bytes(make_welllog_scans(tmp_path / "full", 4, scale=SMALL, workers=1)[0].parents[1])
+    cut = tmp_path / "cut"
+    make_welllog_scans(cut, 4, scale=SMALL, workers=1)
+    (cut / "masks" / "scan_00001.png").unlink()  # as a kill between the mask and the image of scan 1 would not
+    (cut / "images" / "scan_00003.png").unlink()  # leave it (mask first), but any pair lacking a file is redone
+    kept = (cut / "images" / "scan_00000.png").stat().st_mtime_ns
+    assert missing_scans(cut, 4) == [1, 3] and missing_scans(cut, 5) == [1, 3, 4]
+    make_welllog_scans(cut, 4, scale=SMALL, workers=2, only_missing=True)
+    assert missing_scans(cut, 4) == [] and _bytes(cut) == full
+    assert (cut / "images" / "scan_00000.png").stat().st_mtime_ns == kept  # present scans are not rewritten

@@ -89,7 +89,7 @@ def test_exact_resume_gives_bit_identical_weights(tmp_path):
 
 
 def test_resume_after_an_interrupt_mid_epoch_is_exact_too(tmp_path, monkeypatch):
-    import srforge.engine.trainer as trainer
+    import srforge.engine.epoch as trainer  # the training and validation passes live in epoch.py
 
     train(_cfg(tmp_path / "straight"))
     real_loss, calls = trainer.segmentation_loss, []
@@ -255,3 +255,171 @@ def test_two_processes_with_torchrun_gloo(tmp_path):
     assert [r["epoch"] for r in rows] == [1, 2] and [r["step"] for r in rows] == [2, 4]
     ckpt = load_checkpoint(tmp_path / "ddp" / "last.pt")
     assert not any(k.startswith("module.") for k in ckpt["model"])
+
+
+SLOW_GENERATOR = """
+import os, sys, time
+import srforge.data.synthetic as synthetic
+
+real = synthetic.make_welllog_scans
+
+
+def slow(*args, **kwargs):  # rank 0 generates the data, slower than the collective timeout
+    time.sleep(float(os.environ["SRFORGE_TEST_GENERATION_DELAY_S"]))
+    return real(*args, **kwargs)
+
+
+synthetic.make_welllog_scans = slow
+from srforge.cli import main_train
+
+sys.exit(main_train())
+"""
+
+
+def test_ddp_survives_data_generation_longer_than_the_collective_timeout(tmp_path):
+    """Rank 0 generates for 12 s under a 5 s train.dist_timeout_s: generation happens before the group starts,
+    the other rank polls the folder, so no collective waits on it (a barrier after init would time out)."""
+    script = tmp_path / "train_slow_generation.py"
+    script.write_text(SLOW_GENERATOR)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "SRFORGE_TEST_GENERATION_DELAY_S": "12"}
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        "--config",
+        str(ROOT / "configs" / "quickstart.yaml"),
+        *_overrides(tmp_path, epochs=1),
+        "data.batch_size=2",
+        "train.dist_timeout_s=5",
+    ]
+    started = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert time.perf_counter() - started > 12  # the delay did happen
+    assert done.stdout.count("generating 10 synthetic") == 1  # one generator on this machine (local rank 0)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1] and "val_mean_iou" in rows[0]
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["config"]["train"]["dist_timeout_s"] == 5
+
+
+def test_resume_with_fewer_gpus_than_the_checkpoint_saved_states_for(tmp_path, monkeypatch):
+    """A checkpoint from a 4-GPU machine (the old format: one CUDA RNG state per visible GPU) resumes on one GPU.
+
+    No GPU here: torch.cuda's RNG calls are replaced by recorders, and torch.cuda.is_available answers True to the
+    RNG module alone (the optimizer asks too, and would then look for a driver), so that the trainer takes its
+    CUDA RNG path while training on the CPU (run.device=cpu). tests/test_cuda.py resumes such a checkpoint on a GPU.
+    """
+    run = tmp_path / "run"
+    train(_cfg(run, epochs=2, stop_after=1))
+    ckpt = load_checkpoint(run / "last.pt")
+    assert "cuda" not in ckpt["rng"]  # saved without CUDA
+    states = [torch.full((16,), i, dtype=torch.uint8) for i in range(4)]
+    ckpt["rng"]["cuda"] = states
+    torch.save(ckpt, run / "last.pt")
+
+    restored, device = [], {"index": 0}
+    monkeypatch.setattr(
+        torch.cuda, "is_available", lambda: sys._getframe(1).f_code.co_filename.endswith("srforge/engine/rng.py")
+    )
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device["index"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state))
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[device_index()])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", None)  # the old call must not be made
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", None)
+
+    def device_index():
+        return device["index"]
+
+    cfg = _cfg(run, epochs=2)
+    cfg["run"]["device"] = "cpu"
+    summary = train(cfg, resume=run)
+    assert summary["epoch"] == 2 and len(restored) == 1 and torch.equal(restored[0], states[0])
+    saved = load_checkpoint(run / "last.pt")["rng"]["cuda"]
+    assert isinstance(saved, torch.Tensor) and torch.equal(saved, states[0])  # the current device's state only
+
+    # A device index beyond the saved list (a checkpoint from 1 GPU resumed as rank 2): the first state.
+    from srforge.engine.rng import cuda_state_for_current_device
+
+    device["index"] = 2
+    assert torch.equal(cuda_state_for_current_device(states[:2]), states[0])
+    assert torch.equal(cuda_state_for_current_device(states), states[2])
+
+
+def test_train_and_validation_loss_are_the_same_quantity_on_the_same_batch(tmp_path):
+    """train_epoch's loss (taken before the step) equals evaluate's on the same batch and weights, Dice included."""
+    from torch.utils.data import DataLoader
+
+    from srforge.data.adapter import FieldView
+    from srforge.data.collate import AlignedCollate
+    from srforge.engine.epoch import Progress, evaluate, train_epoch
+    from srforge.engine.trainer import build_model, build_optimization
+
+    view = FieldView(TinyStrips(n=3), {"image": "scan", "mask": "labels", "name": "id"}, num_classes=2)
+    device = torch.device("cpu")
+    model, _ = build_model(
+        {"in_channels": 3, "num_classes": 2, "base_channels": 4, "depth": 2, "max_channels": 64, "padding_aware": True},
+        device,
+        channels_last=False,
+    )
+    loader = DataLoader(
+        view, batch_size=3, collate_fn=AlignedCollate(model.size_divisor, pad={"image": 0, "mask": 255})
+    )
+    shared = dict(device=device, precision="fp32", channels_last=False, num_classes=2, ignore_index=255)
+    val = evaluate(model, loader, **shared, dice_weight=0.5)
+    optimizer, scheduler, scaler = build_optimization(
+        model, device=device, lr=1e-3, weight_decay=0, warmup_steps=1, min_lr_ratio=1, total_steps=1, precision="fp32"
+    )
+    totals, _, _ = train_epoch(
+        model,
+        loader,
+        optimizer,
+        scheduler,
+        scaler,
+        Progress(),
+        **shared,
+        dice_weight=0.5,
+        grad_clip=None,
+        skip_nonfinite=False,
+        log_every=1,
+    )
+    train_loss = float(totals[0] / totals[1])
+    assert abs(train_loss - val["loss"]) < 1e-6
+    # ... and the comparison can fail: without the Dice term validation would differ.
+    assert abs(evaluate(model, loader, **shared, dice_weight=0.0)["loss"] - train_loss) > 1e-3
+
+
+def test_compile_goes_inside_ddp_and_matches_eager_gradients(tmp_path, monkeypatch):
+    """wrap_for_training compiles the UNet in place, then DDP wraps it (DDP's hooks stay outside the graph), with
+    no buffer sync per forward. Run in a one-process gloo group through the aot_eager backend (Dynamo and AOT autograd
+    with DDP's graph splitting, no C++ compiler): gradients match the eager model's."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from srforge.engine.trainer import wrap_for_training
+    from srforge.models import UNet
+
+    real_compile = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: real_compile(self, backend="aot_eager", **kw))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        eager = UNet(base_channels=4, depth=2)
+        model = UNet(base_channels=4, depth=2)
+        model.load_state_dict(eager.state_dict())
+        net = wrap_for_training(model, compile=True, world=2, device=torch.device("cpu"))
+        assert isinstance(net, DistributedDataParallel) and net.module is model
+        assert not getattr(net, "forward_sync_buffers", getattr(net, "broadcast_buffers", True))
+        assert list(model.state_dict()) == list(eager.state_dict())  # no _orig_mod. prefix in checkpoints
+        image = torch.randint(0, 256, (2, 3, 16, 24), dtype=torch.uint8)
+        sizes = torch.tensor([[16, 24], [11, 17]])
+        for module in (net, eager):
+            module(image, sizes).float().square().mean().backward()
+        for (name, a), b in zip(model.named_parameters(), eager.parameters()):
+            assert torch.allclose(a.grad, b.grad, atol=1e-5, rtol=1e-4), name
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()

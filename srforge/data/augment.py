@@ -60,8 +60,12 @@ class Augmentation(DataTransform):
         return f"Augmentation(crop={self.crop}, {self.pipeline})"
 
 
-def build_augmentation(config: Mapping | None) -> Augmentation:
-    """An Augmentation (Entry -> new Entry) from a config dict; unknown keys are a ValueError."""
+def build_augmentation(config: Mapping | None, ignore_index: int | None = None) -> Augmentation:
+    """An Augmentation (Entry -> new Entry) from a config dict; unknown keys are a ValueError.
+
+    ``ignore_index`` fills the mask where an affine leaves no data: the argument when given (the trainer passes
+    ``data.ignore_index``), else the config's ``ignore_index`` key, else 255.
+    """
     config = dict(config or {})
     _check_keys(config, KEYS, "the augmentation config")
     for section, valid in KEYS.items():
@@ -71,7 +75,8 @@ def build_augmentation(config: Mapping | None) -> Augmentation:
                     f"augmentation {section!r} must be a mapping with keys {list(valid)}, got {config[section]!r}"
                 )
             _check_keys(config[section], valid, f"augmentation {section!r}")
-    ignore_index = int(config.get("ignore_index", IGNORE_INDEX))
+    if ignore_index is None:
+        ignore_index = int(config.get("ignore_index", IGNORE_INDEX))
     steps: list = []
     if config.get("hflip"):
         steps.append(v2.RandomHorizontalFlip(p=float(config["hflip"])))

@@ -11,6 +11,7 @@ Scan i depends only on (seed, i), never on n, so growing a set keeps its first s
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -149,29 +150,52 @@ def _save_atomic(array: np.ndarray, path: Path) -> None:
     atomic_write(path, lambda f: Image.fromarray(array).save(f, format="PNG", compress_level=1))
 
 
+def scan_name(index: int) -> str:
+    return f"scan_{index:05d}.png"
+
+
+def missing_scans(out_dir, n: int) -> list[int]:
+    """Indices i < n whose image or mask is not yet in out_dir. A file present is complete: both are written to a
+    temporary name and renamed."""
+    out = Path(out_dir)
+    return [i for i in range(n) if not all((out / sub / scan_name(i)).is_file() for sub in ("images", "masks"))]
+
+
 def _write_scan(out: Path, index: int, scale: float, seed: int, classes: str) -> Path:
     image, mask = welllog_scan(index, seed=seed, scale=scale, classes=classes)
-    name = f"scan_{index:05d}.png"
-    _save_atomic(mask, out / "masks" / name)
-    _save_atomic(image, out / "images" / name)
-    return out / "images" / name
+    _save_atomic(mask, out / "masks" / scan_name(index))
+    _save_atomic(image, out / "images" / scan_name(index))
+    return out / "images" / scan_name(index)
 
 
 def make_welllog_scans(
-    out_dir, n: int, scale: float = 1.0, seed: int = 0, classes: str = "binary", workers: int = 1
+    out_dir,
+    n: int,
+    scale: float = 1.0,
+    seed: int = 0,
+    classes: str = "binary",
+    workers: int | None = None,
+    only_missing: bool = False,
 ) -> list[Path]:
     """Write n scans as out_dir/images/scan_XXXXX.png and out_dir/masks/scan_XXXXX.png; return the image paths.
 
     The folder is what SegmentationFolder(out_dir) reads; mask values follow ``CLASSES[classes]``.
-    ``workers`` > 1 writes scans in parallel processes (the files are the same either way).
+    ``workers`` processes write scans in parallel (default: one per CPU); the bytes written do not depend on it,
+    since scan i depends only on (seed, i). ``only_missing`` writes only the scans :func:`missing_scans` names,
+    so that a generation cut short (or run by several processes at once) completes the same set.
     """
     if classes not in CLASSES:
         raise ValueError(f"classes must be one of {sorted(CLASSES)}, got {classes!r}")
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     (out / "masks").mkdir(parents=True, exist_ok=True)
-    jobs = [(out, i, scale, seed, classes) for i in range(n)]
-    if workers <= 1:
-        return [_write_scan(*job) for job in jobs]
-    with ProcessPoolExecutor(workers) as pool:
-        return list(pool.map(_write_scan, *zip(*jobs)))
+    todo = missing_scans(out, n) if only_missing else range(n)
+    jobs = [(out, i, scale, seed, classes) for i in todo]
+    workers = min(os.cpu_count() or 1, len(jobs)) if workers is None else min(workers, len(jobs))
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            list(pool.map(_write_scan, *zip(*jobs)))
+    else:
+        for job in jobs:
+            _write_scan(*job)
+    return [out / "images" / scan_name(i) for i in range(n)]

@@ -27,11 +27,14 @@ def dice_loss(
 def segmentation_loss(
     logits: torch.Tensor, target: torch.Tensor, ignore_index: int = IGNORE_INDEX, dice_weight: float = 0.0
 ) -> torch.Tensor:
-    """Cross-entropy over valid pixels (+ ``dice_weight`` * Dice loss). logits [B, K, H, W], target [B, H, W]."""
-    if not (target != ignore_index).any():
-        # Nothing to learn from (an all-ignore crop): a zero that keeps the graph, not cross-entropy's 0/0 NaN.
-        return logits.float().sum() * 0.0
-    loss = F.cross_entropy(logits.float(), target, ignore_index=ignore_index)
+    """Mean cross-entropy over valid pixels (+ ``dice_weight`` * Dice loss). logits [B, K, H, W], target [B, H, W].
+
+    The one loss of training and validation. The mean divides the summed cross-entropy by the number of valid
+    pixels, at least 1, on the device: a batch with no valid pixel (an all-ignore crop) gives a zero that keeps
+    the graph, not cross-entropy's 0/0 NaN, and no value is read back to the host to decide it.
+    """
+    valid = (target != ignore_index).sum().clamp_min(1)
+    loss = F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction="sum") / valid
     if dice_weight:
         loss = loss + dice_weight * dice_loss(logits, target, ignore_index)
     return loss

@@ -30,12 +30,19 @@ def confusion_matrix(
 ) -> torch.Tensor:
     """int64 [K, K] counts, rows = true class, columns = predicted, over pixels whose target is a class.
 
-    pred and target are [B, H, W] (or any equal shapes) of class ids. Padded pixels carry ``ignore_index``,
-    so they are left out -- even when ``ignore_index`` is a class id -- and so are target values outside [0, K).
+    pred and target are [B, H, W] (or any equal shapes) of class ids, any integer dtype. Padded pixels carry
+    ``ignore_index``, so they are left out -- even when ``ignore_index`` is a class id -- and so are target values
+    outside [0, K). Every shape here is fixed by K alone (no boolean-mask indexing, no bincount, whose output
+    size depends on the data): pixels left out go to an extra bin K*K that is dropped, so on a GPU nothing is
+    read back to the host.
     """
-    valid = (target != ignore_index) & (target >= 0) & (target < num_classes)
-    index = target[valid] * num_classes + pred[valid].clamp(0, num_classes - 1)
-    return torch.bincount(index, minlength=num_classes * num_classes).view(num_classes, num_classes)
+    k = num_classes
+    target = target.long()
+    valid = (target != ignore_index) & (target >= 0) & (target < k)
+    index = torch.where(valid, target * k + pred.long().clamp(0, k - 1), k * k).reshape(-1)
+    ones = torch.ones((), dtype=torch.int64, device=index.device).expand(index.numel())
+    counts = torch.zeros(k * k + 1, dtype=torch.int64, device=index.device).scatter_add_(0, index, ones)
+    return counts[: k * k].view(k, k)
 
 
 def scores(confusion: torch.Tensor) -> dict[str, object]:

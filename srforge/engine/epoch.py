@@ -1,0 +1,186 @@
+"""One training epoch and one validation pass, with at most one read from the device per training step.
+
+Every number the loop keeps (loss sums, batch and pixel counts, the confusion matrix) stays on the device. The
+only value a step reads back is whether every rank's loss is finite -- the step cannot be taken otherwise -- and
+every ``log_every`` steps the running totals for the progress bar travel in that same transfer. On a GPU each
+read drains the queue of launched kernels, so the read comes after the backward pass is queued: the GPU works
+through the backward while the host waits.
+
+The loss is the same quantity in training and validation: the mean over batches of the batch's
+:func:`srforge.engine.losses.segmentation_loss` (cross-entropy over its valid pixels, plus ``dice_weight`` x
+Dice), summed across ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from srforge.engine import distributed
+from srforge.engine.device import autocast
+from srforge.engine.losses import segmentation_loss
+from srforge.engine.metrics import class_map, confusion_matrix, scores
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; the message names the step and the batch's samples."""
+
+
+@dataclass
+class Progress:
+    """How far training got: optimizer steps taken and batches of the current epoch done (skipped ones too).
+
+    Updated in place batch by batch, so that a Ctrl-C anywhere knows what to write into ``last.pt``.
+    """
+
+    step: int = 0
+    batches_done: int = 0
+
+
+def to_device(batch, device: torch.device, channels_last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(image uint8 [B, C, H, W], mask int64 [B, H, W], sizes int64 [B, 2]) of a collated batch, on ``device``.
+
+    Images and masks travel as uint8 (masks as int64 only for more than 255 classes); the model normalises the
+    image on the device, and the mask is widened there because cross-entropy takes int64 targets.
+    """
+    image = batch.image.to(device, non_blocking=True)
+    mask = batch.mask.to(device, non_blocking=True).long()
+    sizes = batch.sizes.to(device, non_blocking=True)
+    if channels_last:
+        image = image.contiguous(memory_format=torch.channels_last)
+    return image, mask, sizes
+
+
+def _totals(loss: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """float64 [3]: (the batch's loss, 1 batch, its real pixels), built on the device."""
+    one = torch.ones((), dtype=torch.float64, device=loss.device)
+    return torch.stack([loss.detach().double(), one, sizes.prod(1).sum().double()])
+
+
+def train_epoch(
+    net: torch.nn.Module,
+    loader,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    scaler: torch.amp.GradScaler,
+    progress: Progress,
+    *,
+    device: torch.device,
+    precision: str,
+    channels_last: bool,
+    num_classes: int,
+    ignore_index: int,
+    dice_weight: float,
+    grad_clip: float | None,
+    skip_nonfinite: bool,
+    log_every: int,
+    world: int = 1,
+    bar: tqdm | None = None,
+    epoch: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """One pass over ``loader``: forward, loss, backward, step. Returns the rank's totals on the device.
+
+    ``net`` is what runs the batch (the model, or its DistributedDataParallel wrapper); gradients are clipped over
+    ``optimizer``'s parameters. Returns (float64 [3] = loss sum, batches stepped, real pixels; int64 [K, K]
+    confusion matrix of the predictions taken during training; seconds). A non-finite loss on any rank raises
+    NonFiniteLossError, or with ``skip_nonfinite`` skips the batch on every rank alike.
+    """
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    started = time.perf_counter()
+    for batch in loader:
+        image, mask, sizes = to_device(batch, device, channels_last)
+        with autocast(device, precision):
+            logits = net(image, sizes)
+        loss = segmentation_loss(logits, mask, ignore_index, dice_weight)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        # The step's one read: every rank's loss finite (all ranks must agree to step or to skip, or DDP hangs),
+        # and every log_every batches the totals so far, in the same transfer.
+        finite = distributed.reduce_min(torch.isfinite(loss.detach()).double().reshape(1))
+        log = bar is not None and (progress.batches_done + 1) % log_every == 0
+        if log:
+            packet = torch.cat([finite, totals, confusion.flatten().double()]).tolist()
+            ok, shown = packet[0] > 0, packet[1:]
+        else:
+            ok = bool(finite)
+        if not ok:
+            message = (
+                f"non-finite loss {loss.item()} at step {progress.step + 1} (epoch {epoch + 1}) on samples {batch.name}"
+            )
+            if not skip_nonfinite:
+                raise NonFiniteLossError(message + "; set train.skip_nonfinite=true to skip such batches.")
+            if bar is not None:
+                tqdm.write(f"srforge: skipped a batch with a {message}")
+            optimizer.zero_grad(set_to_none=True)
+            progress.batches_done += 1
+            continue
+        if grad_clip:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        progress.step += 1
+        progress.batches_done += 1
+        with torch.no_grad():
+            confusion += confusion_matrix(class_map(logits.detach()), mask, num_classes, ignore_index)
+            totals += _totals(loss, sizes)
+        if log:
+            _show(bar, shown, num_classes, world, time.perf_counter() - started)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # once an epoch: the seconds include the last steps' queued kernels
+    return totals, confusion, time.perf_counter() - started
+
+
+def _show(bar: tqdm, packet: list[float], num_classes: int, world: int, seconds: float) -> None:
+    """Loss, mean IoU and real px/s (this rank's, times the ranks) on the bar, from the numbers read."""
+    loss_sum, batches, pixels = packet[:3]
+    if not batches:
+        return
+    confusion = torch.tensor(packet[3:], dtype=torch.float64).view(num_classes, num_classes)
+    bar.set_postfix(
+        loss=f"{loss_sum / batches:.4f}",
+        mIoU=f"{scores(confusion)['mean_iou']:.3f}",
+        px_s=f"{pixels * world / max(seconds, 1e-9):.3g}",
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    loader,
+    *,
+    device: torch.device,
+    precision: str,
+    channels_last: bool,
+    num_classes: int,
+    ignore_index: int,
+    dice_weight: float,
+) -> dict[str, Any]:
+    """Validation over ``loader``, summed across ranks: the loss as training measures it, and per-class scores.
+
+    Returns :func:`srforge.engine.metrics.scores` of the confusion matrix over valid pixels, plus ``loss`` (the
+    mean over batches of the batch loss; NaN with no batch). Sums stay on the device until the one read at the end.
+    """
+    model.eval()
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
+    totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, batches
+    for batch in loader:
+        image, mask, sizes = to_device(batch, device, channels_last)
+        with autocast(device, precision):
+            logits = model(image, sizes)
+        totals += _totals(segmentation_loss(logits, mask, ignore_index, dice_weight), sizes)[:2]
+        confusion += confusion_matrix(class_map(logits), mask, num_classes, ignore_index)
+    distributed.reduce_sum(confusion)
+    distributed.reduce_sum(totals)
+    model.train()
+    out = scores(confusion.cpu())
+    loss_sum, batches = totals.tolist()
+    out["loss"] = loss_sum / batches if batches else float("nan")
+    return out

@@ -1,0 +1,58 @@
+"""Starting the process group: the GPU is bound before init and handed over as device_id, with the configured
+timeout; a single process on cuda:N binds GPU N. No GPU here: torch's calls are replaced by recorders."""
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from srforge.engine import distributed
+from srforge.engine.distributed import Processes
+
+
+def test_cuda_rank_binds_its_gpu_before_init_and_passes_device_id_and_timeout(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(dist, "is_initialized", lambda: any(c[0] == "init" for c in calls))
+
+    def init_process_group(backend=None, timeout=None, device_id=None):  # torch >= 2.3 takes device_id
+        calls.append(("init", {"backend": backend, "timeout": timeout, "device_id": device_id}))
+
+    monkeypatch.setattr(dist, "init_process_group", init_process_group)
+    started = distributed.start(Processes(rank=3, world=4, local_rank=1), timeout_s=7)
+    gpu = torch.device("cuda", 1)
+    assert calls[0] == ("set_device", gpu)
+    assert calls[1] == ("init", {"backend": "nccl", "timeout": datetime.timedelta(seconds=7), "device_id": gpu})
+    assert started == Processes(3, 4, 1, gpu, owns_group=True)
+
+    def older_init_process_group(backend=None, timeout=None):  # no device_id parameter: not passed
+        calls.append(("older init", {"backend": backend, "timeout": timeout}))
+
+    monkeypatch.setattr(dist, "init_process_group", older_init_process_group)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    distributed.start(Processes(rank=0, world=2, local_rank=0), timeout_s=7)
+    assert calls[-2:] == [
+        ("set_device", torch.device("cuda", 0)),
+        ("older init", {"backend": "nccl", "timeout": datetime.timedelta(seconds=7)}),
+    ]
+
+
+def test_cpu_ranks_use_gloo_and_one_process_starts_nothing(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.append(kw))
+    assert distributed.start(Processes(), timeout_s=7) == Processes() and calls == []
+    started = distributed.start(Processes(rank=0, world=2, local_rank=0), timeout_s=2.5)
+    assert calls == [{"backend": "gloo", "timeout": datetime.timedelta(seconds=2.5)}]
+    assert started.device == torch.device("cpu") and started.owns_group
+
+
+def test_single_process_on_cuda_n_binds_gpu_n(monkeypatch):
+    from srforge.engine.trainer import single_process_device
+
+    bound = []
+    monkeypatch.setattr(torch.cuda, "set_device", bound.append)
+    assert single_process_device("cuda:1") == torch.device("cuda", 1) and bound == [torch.device("cuda", 1)]
+    assert single_process_device("cpu") == torch.device("cpu") and len(bound) == 1
