@@ -53,6 +53,8 @@ def test_single_process_on_cuda_n_binds_gpu_n(monkeypatch):
     from srforge.engine.trainer import single_process_device
 
     bound = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", bound.append)
     assert single_process_device("cuda:1") == torch.device("cuda", 1) and bound == [torch.device("cuda", 1)]
     assert single_process_device("cpu") == torch.device("cpu") and len(bound) == 1
