@@ -82,7 +82,8 @@ SCHEMA: dict[str, Any] = {
         "dice_weight": (NUMBER, 0.0),
         "val_every": ((int,), 1),
         "skip_nonfinite": ((bool,), False),
-        # Progress-bar figures are read from the device every N steps (each read waits for the GPU to catch up).
+        # The progress bar's loss, mean IoU and px/s are read from the device every N steps, in the same transfer
+        # as the step's finiteness check (the one read a step makes), so N sets how often the bar is redrawn.
         "log_every": ((int,), 2),
         # Collective timeout under torchrun (init_process_group(timeout=...)): how long a rank waits for the others.
         "dist_timeout_s": (NUMBER, 1800),
