@@ -44,7 +44,7 @@ class TinyStrips(Dataset):
         return {"id": f"strip_{i:03d}", "scan": scan, "labels": labels}
 
 
-def _cfg(run_dir, **train):
+def tiny_config(run_dir, **train):
     return resolve(
         {
             "run": {"dir": str(run_dir), "seed": 3},
@@ -61,7 +61,7 @@ def _cfg(run_dir, **train):
 
 
 def test_custom_dataset_in_one_line_trains_and_caches_sizes(tmp_path):
-    summary = train(_cfg(tmp_path / "run", epochs=2))
+    summary = train(tiny_config(tmp_path / "run", epochs=2))
     run = tmp_path / "run"
     assert (run / "sizes_cache.json").is_file()  # no sizes(): measured once
     assert len(json.loads((run / "sizes_cache.json").read_text())["entries"]) == 10
@@ -73,17 +73,21 @@ def test_custom_dataset_in_one_line_trains_and_caches_sizes(tmp_path):
 
 
 def test_exact_resume_gives_bit_identical_weights(tmp_path):
-    train(_cfg(tmp_path / "straight"))
-    train(_cfg(tmp_path / "stopped", stop_after=2))
+    train(tiny_config(tmp_path / "straight"))
+    train(tiny_config(tmp_path / "stopped", stop_after=2))
     assert load_checkpoint(tmp_path / "stopped" / "last.pt")["epoch"] == 2
-    train(_cfg(tmp_path / "stopped"), resume=tmp_path / "stopped")
+    train(tiny_config(tmp_path / "stopped"), resume=tmp_path / "stopped")
     a = load_checkpoint(tmp_path / "straight" / "last.pt")
     b = load_checkpoint(tmp_path / "stopped" / "last.pt")
     assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"]
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     # ... and the test can fail: another seed gives other weights.
-    train(resolve({**_cfg(tmp_path / "other"), "run": {"dir": str(tmp_path / "other"), "seed": 4, "device": "auto"}}))
+    train(
+        resolve(
+            {**tiny_config(tmp_path / "other"), "run": {"dir": str(tmp_path / "other"), "seed": 4, "device": "auto"}}
+        )
+    )
     c = load_checkpoint(tmp_path / "other" / "last.pt")
     assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
 
@@ -91,7 +95,7 @@ def test_exact_resume_gives_bit_identical_weights(tmp_path):
 def test_resume_after_an_interrupt_mid_epoch_is_exact_too(tmp_path, monkeypatch):
     import srforge.engine.epoch as trainer  # the training and validation passes live in epoch.py
 
-    train(_cfg(tmp_path / "straight"))
+    train(tiny_config(tmp_path / "straight"))
     real_loss, calls = trainer.segmentation_loss, []
 
     def interrupt_in_epoch_two(*args, **kwargs):
@@ -102,18 +106,18 @@ def test_resume_after_an_interrupt_mid_epoch_is_exact_too(tmp_path, monkeypatch)
 
     monkeypatch.setattr(trainer, "segmentation_loss", interrupt_in_epoch_two)
     with pytest.raises(KeyboardInterrupt):
-        train(_cfg(tmp_path / "cut"))
+        train(tiny_config(tmp_path / "cut"))
     monkeypatch.setattr(trainer, "segmentation_loss", real_loss)
     saved = load_checkpoint(tmp_path / "cut" / "last.pt")
     assert (saved["epoch"], saved["batches_done"], saved["step"]) == (1, 1, 4)
-    train(_cfg(tmp_path / "cut"), resume=tmp_path / "cut")
+    train(tiny_config(tmp_path / "cut"), resume=tmp_path / "cut")
     a = load_checkpoint(tmp_path / "straight" / "last.pt")["model"]
     b = load_checkpoint(tmp_path / "cut" / "last.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_non_finite_loss_names_the_step_and_samples(tmp_path):
-    cfg = _cfg(tmp_path / "nan", epochs=1)
+    cfg = tiny_config(tmp_path / "nan", epochs=1)
     cfg["data"]["dataset"]["args"] = {"n": 10, "nan_at": 4, "float_images": True}
     cfg["data"]["augment"] = {}
     with pytest.raises(NonFiniteLossError, match=r"non-finite loss nan at step \d+ .*strip_004.*skip_nonfinite"):
@@ -127,7 +131,7 @@ def test_non_finite_loss_names_the_step_and_samples(tmp_path):
 
 
 def test_metrics_csv_has_every_column_when_validation_is_not_every_epoch(tmp_path):
-    train(_cfg(tmp_path / "run", epochs=3, val_every=2))
+    train(tiny_config(tmp_path / "run", epochs=3, val_every=2))
     lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     header = lines[0].split(",")
     assert "val_mean_iou" in header and "val_iou_1" in header and len(lines) == 4
@@ -137,7 +141,7 @@ def test_metrics_csv_has_every_column_when_validation_is_not_every_epoch(tmp_pat
 
 
 def test_mask_values_beyond_num_classes_name_the_sample(tmp_path):
-    cfg = _cfg(tmp_path / "run", epochs=1)
+    cfg = tiny_config(tmp_path / "run", epochs=1)
     cfg["model"]["num_classes"] = 1
     cfg["model"]["class_names"] = None
     with pytest.raises(
@@ -313,7 +317,7 @@ def test_resume_with_fewer_gpus_than_the_checkpoint_saved_states_for(tmp_path, m
     CUDA RNG path while training on the CPU (run.device=cpu). tests/test_cuda.py resumes such a checkpoint on a GPU.
     """
     run = tmp_path / "run"
-    train(_cfg(run, epochs=2, stop_after=1))
+    train(tiny_config(run, epochs=2, stop_after=1))
     ckpt = load_checkpoint(run / "last.pt")
     assert "cuda" not in ckpt["rng"]  # saved without CUDA
     states = [torch.full((16,), i, dtype=torch.uint8) for i in range(4)]
@@ -334,7 +338,7 @@ def test_resume_with_fewer_gpus_than_the_checkpoint_saved_states_for(tmp_path, m
     def device_index():
         return device["index"]
 
-    cfg = _cfg(run, epochs=2)
+    cfg = tiny_config(run, epochs=2)
     cfg["run"]["device"] = "cpu"
     summary = train(cfg, resume=run)
     assert summary["epoch"] == 2 and len(restored) == 1 and torch.equal(restored[0], states[0])

@@ -10,7 +10,7 @@ import uuid
 import pytest
 import torch
 import yaml
-from test_train import _cfg
+from test_train import TinyStrips, tiny_config
 
 import srforge.engine.trainer as trainer
 from srforge.cli import main_train
@@ -35,7 +35,7 @@ def _tmpfs(path, size):
 
 def _config_file(tmp_path, run_dir, **train):
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(_cfg(run_dir, **train)))
+    path.write_text(yaml.safe_dump(tiny_config(run_dir, **train)))
     return path
 
 
@@ -52,10 +52,10 @@ def test_ctrl_c_while_best_pt_is_written_leaves_best_pt_right_after_resume(tmp_p
 
     monkeypatch.setattr(trainer, "save_checkpoint", interrupt_second_best_write)
     with pytest.raises(KeyboardInterrupt):
-        train(_cfg(run))
+        train(tiny_config(run))
     monkeypatch.setattr(trainer, "save_checkpoint", real_save)
     assert best_writes == [1, 2] and load_checkpoint(run / "best.pt")["epoch"] == 1
-    summary = train(_cfg(run, stop_after=1), resume=run)  # ends after epoch 2 again
+    summary = train(tiny_config(run, stop_after=1), resume=run)  # ends after epoch 2 again
     best, last = load_checkpoint(run / "best.pt"), load_checkpoint(run / "last.pt")
     assert summary["epoch"] == 2 and best["epoch"] == last["epoch"] == 2
     assert best["best_metric"] == summary["best_mean_iou"] == summary["val_mean_iou"]
@@ -69,27 +69,27 @@ def test_temporary_files_of_a_killed_run_are_swept_at_start(tmp_path):
     for path in stale:
         path.write_bytes(b"half a file")
     (run / "notes.txt").write_text("the user's own file stays")
-    train(_cfg(run, epochs=1))
+    train(tiny_config(run, epochs=1))
     assert not any(p.exists() for p in stale) and (run / "notes.txt").exists()
     assert not list(run.glob("*.srforge-tmp")) and not list(run.glob(".*.srforge-tmp"))
 
 
 def test_image_mode_is_recorded_in_the_checkpoint(tmp_path):
-    train(_cfg(tmp_path / "rgb", epochs=1))
+    train(tiny_config(tmp_path / "rgb", epochs=1))
     assert load_checkpoint(tmp_path / "rgb" / "last.pt")["image_mode"] == "RGB"  # TinyStrips has no image_mode
-    cfg = _cfg(tmp_path / "gray", epochs=1)
+    cfg = tiny_config(tmp_path / "gray", epochs=1)
     cfg["data"]["dataset"]["class"] = "test_train_faults:GrayStrips"
     train(cfg)
     assert load_checkpoint(tmp_path / "gray" / "last.pt")["image_mode"] == "L"
 
 
-class GrayStrips(__import__("test_train").TinyStrips):
+class GrayStrips(TinyStrips):
     image_mode = "L"  # what the images were decoded in, as SegmentationFolder(image_mode=...) records it
 
 
 def test_resume_that_changes_num_classes_fails_before_writing(tmp_path, capsys):
     run = tmp_path / "run"
-    train(_cfg(run, epochs=1))
+    train(tiny_config(run, epochs=1))
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     code = main_train(["--resume", str(run), "model.num_classes=3", "model.class_names=[a, b, c]"])
     err = capsys.readouterr().err
@@ -115,7 +115,7 @@ def test_a_full_disk_simulated_names_the_checkpoint(tmp_path, monkeypatch, capsy
 
     monkeypatch.setattr(trainer, "save_checkpoint", full)
     with pytest.raises(DiskFullError, match=r"no space left on .*best\.pt"):
-        train(_cfg(tmp_path / "run", epochs=1))
+        train(tiny_config(tmp_path / "run", epochs=1))
     code = main_train(["--config", str(_config_file(tmp_path, tmp_path / "run2", epochs=1))])
     assert code == 1 and "srforge-train: error: no space left on" in capsys.readouterr().err
 
