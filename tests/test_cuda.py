@@ -128,8 +128,8 @@ def test_bf16_prediction_agrees_with_cpu_fp32(bf16_run):
     """
     tmp, _ = bf16_run
     ckpt = tmp / "bf16" / "best.pt"
-    gpu = Predictor.from_checkpoint(ckpt, "cuda", "bf16")
-    cpu = Predictor.from_checkpoint(ckpt, "cpu", "fp32")
+    gpu = Predictor.from_checkpoint(ckpt, device="cuda", precision="bf16")
+    cpu = Predictor.from_checkpoint(ckpt, device="cpu", precision="fp32")
     dataset = SegmentationFolder(tmp / "data")
     images = [dataset[i]["image"] for i in range(6)]
     agree = [float((g == c).float().mean()) for g, c in zip(gpu.predict(images), cpu.predict(images))]
