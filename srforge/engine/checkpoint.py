@@ -7,9 +7,11 @@ strings, lists, dicts: no pickled classes)::
     model         the UNet state_dict (weights and the mean/std normalisation buffers)
     model_args    keyword arguments that rebuild the UNet (in_channels, num_classes, base_channels, ...)
     size_divisor  the model's size divisor     class_names  one name per class     ignore_index  int
+    image_mode    the PIL mode the training images were decoded in ("RGB" unless the dataset says otherwise)
     config        the resolved training config
-    epoch, step   completed epochs and optimizer steps
+    epoch, step   completed epochs and optimizer steps; batches_done: of the next epoch, after a Ctrl-C
     optimizer, scheduler, scaler, sampler, rng, best_metric      (training state, for --resume)
+    rng           Python, numpy, torch CPU and (with CUDA) the current device's states (srforge.engine.rng)
 
 It is written atomically: to a temporary file in the same folder, flushed and fsync'ed, then renamed over
 the old one, so a kill at any moment leaves either the previous checkpoint or the new one, never half.
