@@ -34,6 +34,13 @@ def _group_mean(per_channel: torch.Tensor, count: torch.Tensor, num_groups: int)
     return grouped.expand(batch, num_groups, per_group).reshape(batch, channels)
 
 
+def _hw_sum(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, C, H, W] -> [B, C] in ``dtype``: sum over W in t's dtype, then over H in ``dtype``. The row sums are a
+    small tensor, so carrying them in float64 costs nothing, and it keeps the rounding of one long float32 sum out
+    of the statistics."""
+    return t.sum(3).to(dtype).sum(2)
+
+
 def _per_channel(t: torch.Tensor) -> torch.Tensor:
     """[B, C] -> [B, C, 1, 1], to broadcast over H and W."""
     return t[:, :, None, None]
@@ -44,32 +51,41 @@ class _MaskedGroupNorm(torch.autograd.Function):
     allocates one or two [B, C, H, W] buffers and updates them in place in x's memory format; autograd through the
     primitive ops was much slower, and its gradients came back in a layout that slowed the convolutions' backward.
 
-    Precision: the statistics and the normalisation run in ``compute`` dtype (float32; float64 for float64 input):
-    bf16/fp16 x is promoted by its first multiplication with the float32 mask. The reductions are ``sum`` and
-    ``vector_norm``, never a matmul, so TF32 (``set_float32_matmul_precision("high")``) cannot touch them and
-    autocast has nothing to lower to bf16/fp16. That is also why there is no ``torch.autocast(enabled=False)``
-    block here: under torch.compile with grad enabled such a block leaked out of the function and left the next
-    convolution without autocast ("Input type (BFloat16) and weight type (float) should be the same").
-    The variance is two-pass (the mean first, then the mean square of x minus it), and the backward's sums are
-    taken around the mean as well: a one-pass E[x^2] - E[x]^2 cancels catastrophically once |mean| >> std.
+    Precision: the sums and the normalisation run in ``compute`` dtype (float32; float64 for float64 input):
+    bf16/fp16 x is promoted by its first multiplication with the float32 mask; the [B, C] arithmetic on the sums
+    runs in float64. The reductions are ``sum``, never a matmul, so TF32 (``set_float32_matmul_precision("high")``)
+    cannot touch them and autocast has nothing to lower to bf16/fp16. That is also why there is no
+    ``torch.autocast(enabled=False)`` block here: under torch.compile with grad enabled such a block leaked out of
+    the function and left the next convolution without autocast ("Input type (BFloat16) and weight type (float)
+    should be the same"). The variance is two-pass (the mean first, then the mean square of x minus it), and the
+    backward's sums are taken around the mean as well: a one-pass E[x^2] - E[x]^2 cancels catastrophically once
+    |mean| >> std.
     """
 
     @staticmethod
     def forward(ctx, x, mask, num_groups, weight, bias, eps):
         compute = torch.promote_types(x.dtype, torch.float32)
+        stats = torch.float64  # for the [B, C] arithmetic on the sums: free, and no rounding on top of theirs
         m = mask.to(compute)
-        count = m.sum((2, 3)).clamp_min(1.0)  # [B, 1]; a sample with no valid pixel: mean 0, var 0, output 0
+        count = m.sum((2, 3)).to(stats).clamp_min(1.0)  # [B, 1]; no valid pixel: mean 0, var 0, output 0
         y = torch.mul(x, m)  # [B, C, H, W] in `compute` (type promotion), 0 on padding; the one buffer
-        mean = _group_mean(y.sum((2, 3)), count, num_groups)  # [B, C]
+        mean = _group_mean(_hw_sum(y, stats), count, num_groups).to(compute)  # [B, C]
         y.addcmul_(_per_channel(mean), m, value=-1.0)  # x - mean on valid pixels, still 0 on padding
         # Second pass over the centred values: their mean is the rounding left in `mean` (kept apart, as `resid`,
         # because mean + resid would round again) and their mean square has nothing left to cancel.
-        resid = _group_mean(y.sum((2, 3)), count, num_groups)
-        square = _group_mean(torch.linalg.vector_norm(y, dim=(2, 3)).square(), count, num_groups)
+        resid = _group_mean(_hw_sum(y, stats), count, num_groups)
+        square = _group_mean(_hw_sum(y.square_(), stats), count, num_groups)  # in place: y is rebuilt below
         rstd = torch.rsqrt((square - resid * resid).clamp_min(0.0) + eps)  # [B, C]
-        scale = rstd if weight is None else rstd * weight.to(compute)
-        shift = -resid * scale if bias is None else bias.to(compute) - resid * scale
-        y.mul_(_per_channel(scale)).addcmul_(_per_channel(shift), m)  # m * ((x - mean - resid) * scale + bias)
+        scale = rstd if weight is None else rstd * weight.to(stats)
+        # Output (x - pivot) * scale + shift: pivot = mean where |mean| > 2 std, so that x - pivot loses nothing to
+        # the offset; 0 elsewhere, where x * scale is already accurate and a subtraction would only add a rounding.
+        pivot = torch.where(mean.to(stats).square() * rstd.square() > 4.0, mean.to(stats), 0.0)
+        shift = (mean.to(stats) + resid - pivot) * -scale
+        shift = shift if bias is None else shift + bias.to(stats)
+        torch.sub(x, _per_channel(pivot.to(compute)), out=y)
+        torch.addcmul(_per_channel(shift.to(compute)), y, _per_channel(scale.to(compute)), out=y)
+        y.mul_(m)  # m * ((x - mean - resid) * scale + bias)
+        resid, rstd = resid.to(compute), rstd.to(compute)
         ctx.save_for_backward(x, m, mean, resid, rstd, weight)
         ctx.num_groups = num_groups
         return y.to(x.dtype)
