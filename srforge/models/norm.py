@@ -69,11 +69,12 @@ class _MaskedGroupNorm(torch.autograd.Function):
         m = mask.to(compute)
         count = m.sum((2, 3)).to(stats).clamp_min(1.0)  # [B, 1]; no valid pixel: mean 0, var 0, output 0
         y = torch.mul(x, m)  # [B, C, H, W] in `compute` (type promotion), 0 on padding; the one buffer
-        mean = _group_mean(_hw_sum(y, stats), count, num_groups).to(compute)  # [B, C]
+        mean64 = _group_mean(_hw_sum(y, stats), count, num_groups)  # [B, C]
+        mean = mean64.to(compute)
         y.addcmul_(_per_channel(mean), m, value=-1.0)  # x - mean on valid pixels, still 0 on padding
-        # Second pass over the centred values: their mean is the rounding left in `mean` (kept apart, as `resid`,
-        # because mean + resid would round again) and their mean square has nothing left to cancel.
-        resid = _group_mean(_hw_sum(y, stats), count, num_groups)
+        # Second pass over the centred values: their mean square has nothing left to cancel. `resid`, what rounding
+        # the mean to `compute` left out, is kept apart because mean + resid would round again.
+        resid = mean64 - mean.to(stats)
         square = _group_mean(_hw_sum(y.square_(), stats), count, num_groups)  # in place: y is rebuilt below
         rstd = torch.rsqrt((square - resid * resid).clamp_min(0.0) + eps)  # [B, C]
         scale = rstd if weight is None else rstd * weight.to(stats)
@@ -104,7 +105,7 @@ class _MaskedGroupNorm(torch.autograd.Function):
         # dx = rstd * (w dy - mean_g(w dy) - xhat * mean_g(w dy xhat)) on valid pixels, 0 on padding
         a = rstd * _group_mean(w * sdy, count, ctx.num_groups)
         b = rstd * rstd * _group_mean(w * sdy_xhat, count, ctx.num_groups)
-        xc.mul_(_per_channel(-b)).add_(_per_channel(b * resid - a))
+        torch.addcmul(_per_channel(b * resid - a), xc, _per_channel(-b), out=xc)
         dx = g.mul_(_per_channel(rstd * w)).addcmul_(xc, m)
         dweight = sdy_xhat.sum(0).to(weight.dtype) if ctx.needs_input_grad[3] else None
         dbias = sdy.sum(0).to(x.dtype if weight is None else weight.dtype) if ctx.needs_input_grad[4] else None
