@@ -3,8 +3,9 @@
 Times forward+backward of one UNet on one padded batch of well-log-shaped scans, with plain GroupNorm
 (``sizes=None``) and in padding-aware mode (``sizes`` given), interleaved so that load from other processes hits
 both alike; the ratio reported is the median of the per-pair ratios (goal <= 1.3x). FLOPs come from
-torch.utils.flop_counter.FlopCounterMode on the plain mode (the convolutions; the masked norm's few bmm FLOPs are
-bookkeeping, not model work), and achieved FLOP/s is set against a measured fp32 matmul peak.
+torch.utils.flop_counter.FlopCounterMode on the plain mode (the convolutions; it counts no norm, plain or masked:
+their elementwise passes are memory-bound bookkeeping, not model work), and achieved FLOP/s is set against a
+measured fp32 matmul peak. The masked norm layer alone is timed against F.group_norm the same interleaved way.
 
     python benchmarks/bench_model.py                      # ~1-2 min on 2 CPU cores
     python benchmarks/bench_model.py --base-channels 32 --repeats 5 --out /tmp/bench.json
@@ -71,13 +72,18 @@ def model_flops(model: UNet, image: torch.Tensor) -> tuple[int, int]:
 
 
 def norm_ratio(channels: int, image: torch.Tensor, sizes: torch.Tensor, repeats: int) -> float:
-    """Forward+backward time of masked_group_norm over F.group_norm alone, on [B, channels, Hp, Wp]."""
+    """Forward+backward time of masked_group_norm over F.group_norm alone (both affine, as in the model), on
+    [B, channels, Hp, Wp]: the median of ``repeats`` interleaved per-pair ratios."""
     x = torch.randn(image.shape[0], channels, *image.shape[2:], requires_grad=True)
+    weight, bias = torch.randn(channels, requires_grad=True), torch.randn(channels, requires_grad=True)
     mask, dy = level_mask(sizes, *image.shape[2:]), torch.randn_like(x)
     groups = group_count(channels)
-    plain = seconds(lambda: F.group_norm(x, groups).backward(dy), repeats)
-    masked = seconds(lambda: masked_group_norm(x, mask, groups).backward(dy), repeats)
-    return min(masked) / min(plain)
+    ratios = []
+    for _ in range(repeats):
+        plain = seconds(lambda: F.group_norm(x, groups, weight, bias).backward(dy), 1)[-1]
+        masked = seconds(lambda: masked_group_norm(x, mask, groups, weight, bias).backward(dy), 1)[-1]
+        ratios.append(masked / plain)
+    return statistics.median(ratios)
 
 
 def main() -> None:
@@ -88,6 +94,7 @@ def main() -> None:
     parser.add_argument("--base-channels", type=int, default=16)
     parser.add_argument("--depth", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per mode (after one warm-up)")
+    parser.add_argument("--norm-repeats", type=int, default=15, help="timed pairs for the norm layer alone")
     parser.add_argument("--matmul-size", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_model.json"))
@@ -109,7 +116,7 @@ def main() -> None:
         aware += seconds(lambda: train_step(model, image, true_sizes), 1)[-1:]
     ratio = statistics.median(a / p for a, p in zip(aware, plain))
     t_plain, t_aware = statistics.median(plain), statistics.median(aware)
-    norm_only = norm_ratio(args.base_channels, image, true_sizes, args.repeats)
+    norm_only = norm_ratio(args.base_channels, image, true_sizes, args.norm_repeats)
 
     results = {
         "batch_shape": list(image.shape),

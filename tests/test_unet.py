@@ -4,8 +4,10 @@ import os
 
 import pytest
 import torch
+from sync_counter import SyncCounter
 from torch import nn
 
+import srforge.models.unet as unet_module
 from srforge import AlignedCollate
 from srforge.models import UNet
 
@@ -69,6 +71,41 @@ def test_bad_sizes_and_dtype_are_rejected():
         model(x, torch.tensor([[8, 8], [9, 8]]))
     with pytest.raises(TypeError, match="uint8 or float"):
         model(x.to(torch.int16))
+
+
+def test_sizes_on_the_device_are_checked_for_shape_but_not_read():
+    image = torch.zeros(2, 3, 8, 8)
+    unet_module.check_sizes(torch.tensor([[8, 8], [9, 8]]), image, read_values=False)  # out of range, not read
+    with pytest.raises(ValueError, match=r"integer \[B=2, 2\]"):
+        unet_module.check_sizes(torch.tensor([[8, 8]]), image, read_values=False)
+    with pytest.raises(ValueError, match="must lie in"):
+        unet_module.check_sizes(torch.tensor([[8, 8], [9, 8]]), image, read_values=True)
+    assert unet_module.sizes_readable(torch.tensor([[8, 8]]))
+    assert not unet_module.sizes_readable(torch.tensor([[8, 8]], device="meta"))
+
+
+def test_sync_counter_sees_every_kind_of_host_read():
+    t = torch.tensor([1.0, 2.0, 2.0])
+    with SyncCounter() as counter:
+        bool(t[0]), float(t[0]), int(t[0]), t[0].item(), t.tolist(), t.cpu(), t.numpy()
+        t.nonzero(), t[t > 1], t.long().bincount(), torch.unique(t), t.masked_select(t > 1)
+        t[1:] + t[:2]  # no read
+    assert counter.total == 12
+    assert counter.counts["bool_mask_getitem"] == 1 and counter.counts["nonzero"] == 1
+
+
+@pytest.mark.parametrize("on_host", [True, False], ids=["sizes_on_cpu", "sizes_on_device"])
+def test_training_forward_backward_reads_no_device_value(on_host, monkeypatch):
+    """One padding-aware forward+backward makes no call that would wait for a CUDA device, once the sizes are on
+    the device (simulated here: the check that decides whether to read them is told they are not on the host).
+    With sizes on the CPU the range check reads them, which the counter sees: the test can fail."""
+    if not on_host:
+        monkeypatch.setattr(unet_module, "sizes_readable", lambda sizes: False)
+    model = small_model().train()
+    image, sizes = pad_batch([scan(13, 21), scan(6, 9, seed=1)], model.size_divisor)
+    with SyncCounter() as counter:
+        model(image, sizes).logsumexp(1).mean().backward()
+    assert counter.counts == ({"__bool__": 1} if on_host else {})
 
 
 def test_group_norm_only_never_batch_norm():
@@ -177,3 +214,31 @@ def test_torch_compile_traces_one_graph_for_varying_sizes():
 )
 def test_torch_compile_inductor_on_varying_sizes():
     _compiled_matches_eager("inductor")
+
+
+def _step_under_autocast(model, compiled, image, sizes, dtype):
+    """Logits ([B, K, Hp, Wp], as float) and parameter gradients of one forward+backward of ``compiled`` (the
+    model itself or a compiled wrapper of it) under CPU autocast to ``dtype`` (None: no autocast)."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        logits = compiled(image, sizes)
+    logits.float().logsumexp(1).mean().backward()
+    return logits, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, None], ids=["bf16", "fp16", "fp32"])
+def test_compiled_training_step_under_autocast_matches_eager(dtype):
+    """torch.compile with grad enabled and autocast on: the masked norm must not switch autocast off for the
+    convolutions after it (it did through a nested autocast(enabled=False): "Input type (BFloat16) and weight type
+    (float) should be the same"), and logits and gradients match the eager step."""
+    torch._dynamo.reset()
+    model = small_model(base_channels=4, depth=2, max_channels=8)
+    compiled = torch.compile(model, backend="aot_eager", dynamic=True)
+    image, sizes = pad_batch([scan(5, 7), scan(9, 14, seed=1)], model.size_divisor)
+    got, got_grads = _step_under_autocast(model, compiled, image, sizes, dtype)
+    expected, expected_grads = _step_under_autocast(model, model, image, sizes, dtype)
+    assert got.dtype == expected.dtype == (dtype or torch.float32)
+    tolerance = 1e-5 if dtype is None else 1e-2  # relative to the largest value; bf16 keeps 8 bits
+    assert (got.float() - expected.float()).abs().max() <= tolerance * expected.float().abs().max()
+    for name, grad in expected_grads.items():
+        assert (got_grads[name] - grad).abs().max() <= tolerance * grad.abs().max(), name

@@ -22,15 +22,27 @@ def _check_input(image: torch.Tensor, in_channels: int, divisor: int) -> None:
             )
 
 
-def _check_sizes(sizes: torch.Tensor, image: torch.Tensor) -> None:
-    """Raise ValueError unless sizes is [B, 2] integer with 1 <= size <= padded size."""
+def sizes_readable(sizes: torch.Tensor) -> bool:
+    """Whether the forward may look at the values of ``sizes``: only when they sit in host memory (reading a
+    CUDA tensor's values makes the host wait for every queued kernel, once per step) and outside torch.compile
+    (where reading them would break the graph)."""
+    return sizes.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def check_sizes(sizes: torch.Tensor, image: torch.Tensor, read_values: bool) -> None:
+    """Raise ValueError unless sizes is [B, 2] integer and, if ``read_values``, 1 <= size <= padded size.
+
+    The shape and dtype checks read no values and always run. The range check reads them, so it runs only where
+    that is free (``sizes_readable``). Sizes already on the device are not range-checked: AlignedCollate records the
+    true shapes of the tensors it pads, so they are in range by construction, and a check there would cost a sync.
+    """
     batch, _, height, width = image.shape
     if sizes.shape != (batch, 2) or sizes.is_floating_point():
         raise ValueError(
             f"UNet sizes must be an integer [B={batch}, 2] tensor of true (H, W), got "
             f"{sizes.dtype} {tuple(sizes.shape)}"
         )
-    if torch.compiler.is_compiling():  # reading values would force a graph break
+    if not read_values:
         return
     limit = torch.tensor([height, width], device=sizes.device)
     if bool(((sizes < 1) | (sizes > limit)).any()):
@@ -178,8 +190,9 @@ class UNet(nn.Module):
         _check_input(image, self.in_channels, self.size_divisor)
         masks: list[torch.Tensor | None] = [None] * (self.depth + 1)
         if sizes is not None and self.padding_aware:
-            _check_sizes(sizes, image)
-            sizes = sizes.to(image.device)
+            check_sizes(sizes, image, read_values=sizes_readable(sizes))
+            # non_blocking: a plain copy from host memory to CUDA waits for the queued kernels first
+            sizes = sizes.to(image.device, non_blocking=True)
             height, width = image.shape[2:]
             masks = [level_mask(sizes, height >> level, width >> level, 2**level) for level in range(self.depth + 1)]
 
