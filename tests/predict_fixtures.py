@@ -6,6 +6,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -59,13 +60,28 @@ def write_zip(path: Path, files: dict[str, bytes]) -> Path:
     return path
 
 
-def write_tar(path: Path, files: dict[str, bytes]) -> Path:
+def write_tar(path: Path, files: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
+    """A .tar (or .tar.gz by its name) of ``files``, plus symbolic-link members ``links`` (name -> target)."""
     with tarfile.open(path, "w:gz" if path.name.endswith(".gz") else "w") as tf:
         for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tf.addfile(info)
     return path
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread for a test module: on a small shared machine a second OpenMP thread waiting for a busy
+    core made tiny convs many times slower. Use as ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def output_files(out: Path) -> dict[str, bytes]:

@@ -6,15 +6,14 @@ import os
 import signal
 import subprocess
 import sys
-import tarfile
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from predict_fixtures import one_thread, write_folder, write_tar, write_zip  # noqa: F401  (one_thread: a fixture)
 from torch.utils.data import Dataset
 
 from srforge.atomic import TEMP_SUFFIX
@@ -85,33 +84,6 @@ def scans(n: int, start: int = 0, **size) -> dict[str, bytes]:
     return {f"{'sub/' if i % 3 == 0 else ''}scan_{i:03d}.png": _png(strip(i, **size)) for i in range(start, start + n)}
 
 
-def write_folder(root: Path, members: dict[str, bytes]) -> Path:
-    for name, data in members.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
-    return root
-
-
-def write_zip(path: Path, members: dict[str, bytes]) -> Path:
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return path
-
-
-def write_tar(path: Path, members: dict[str, bytes], links: dict[str, str] = {}) -> Path:
-    with tarfile.open(path, "w:gz" if path.name.endswith(".gz") else "w") as tf:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-        for name, target in links.items():
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, target
-            tf.addfile(info)
-    return path
-
-
 def alone(predictor: Predictor, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(class map [H, W], top-2 probability margin [H, W]) of one scan predicted by itself."""
     probs = predictor.probabilities([image])[0]
@@ -131,12 +103,7 @@ def assert_matches_alone(predictor, mask: torch.Tensor, image: torch.Tensor) -> 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run_script(*args, timeout=120):

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from predict_fixtures import members, output_files, random_checkpoint, scan, write_folder, write_tar, write_zip
+from predict_fixtures import (  # noqa: F401  (one_thread: a fixture)
+    members,
+    one_thread,
+    output_files,
+    random_checkpoint,
+    scan,
+    write_folder,
+    write_tar,
+    write_zip,
+)
 
 from srforge.cli import main_predict
 from srforge.data.archive import ScanArchive
@@ -27,12 +36,7 @@ def ckpt(tmp_path_factory):
     return random_checkpoint(tmp_path_factory.mktemp("ckpt") / "random.pt")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def predict(ckpt, source, out, *extra) -> int:

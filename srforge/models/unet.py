@@ -132,11 +132,10 @@ class UNet(nn.Module):
 
     Train and eval mode are the same computation (GroupNorm keeps no running statistics). Works with
     channels_last inputs, ``torch.autocast`` (norm statistics stay float32) and ``torch.compile``: the forward is
-    one graph (``fullgraph=True`` works). Measured with torch 2.14 on 2 CPU cores: ``torch.compile(model,
-    dynamic=True)`` compiles once and serves every later size without recompiling; with the default
-    ``dynamic=None`` the first compile is static (~25 s cold for a tiny model), the first new size recompiles
-    once with dynamic shapes (~80 s cold with inductor, under load), and later sizes reuse that graph. Prefer
-    ``dynamic=True`` when sizes vary from batch to batch.
+    one graph (``fullgraph=True`` works). ``torch.compile(model, dynamic=True)`` compiles once and serves every
+    later size without recompiling; with the default ``dynamic=None`` the first compile is static and the first
+    new size recompiles once with dynamic shapes, after which sizes reuse that graph. Prefer ``dynamic=True`` when
+    sizes vary from batch to batch (the README's performance section has the compile times).
     """
 
     def __init__(
