@@ -26,7 +26,7 @@ def test_hflip_and_vflip_move_both():
 def test_affine_fills_mask_with_ignore_index_and_image_with_zero():
     torch.manual_seed(0)
     e = sample(20, 20)
-    out = build_augmentation({"affine": {"degrees": 0, "scale": [0.5, 0.5]}, "ignore_index": 77})(e)
+    out = build_augmentation({"affine": {"degrees": 0, "scale": [0.5, 0.5]}}, ignore_index=77)(e)
     assert out.mask.dtype == torch.int64 and out.mask.shape == (20, 20)
     assert out.image.dtype == torch.uint8 and out.image.shape == (3, 20, 20)
     assert (out.mask[0] == 77).all() and (out.mask[:, -1] == 77).all()

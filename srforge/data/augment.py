@@ -2,7 +2,7 @@
 
     build_augmentation({"hflip": 0.5, "affine": {"degrees": 2, "translate": 0.02, "scale": [0.95, 1.05]},
                         "color_jitter": {"brightness": 0.2}, "noise": 0.02,
-                        "crop": {"max_height": 1024, "max_width": 4096}, "ignore_index": 255})
+                        "crop": {"max_height": 1024, "max_width": 4096}}, ignore_index=255)
 
 Order: crop (only scans over the limit, to their own size clipped to the limit, so shapes stay
 natural), flips, affine, colour jitter, noise. Geometric steps move image and mask alike; the mask
@@ -25,7 +25,6 @@ KEYS = {
     "hflip": None,
     "vflip": None,
     "noise": None,
-    "ignore_index": None,
     "affine": ("degrees", "translate", "scale", "shear"),
     "color_jitter": ("brightness", "contrast", "saturation", "hue"),
     "crop": ("max_height", "max_width"),
@@ -60,11 +59,10 @@ class Augmentation(DataTransform):
         return f"Augmentation(crop={self.crop}, {self.pipeline})"
 
 
-def build_augmentation(config: Mapping | None, ignore_index: int | None = None) -> Augmentation:
-    """An Augmentation (Entry -> new Entry) from a config dict; unknown keys are a ValueError.
+def build_augmentation(config: Mapping | None, ignore_index: int = IGNORE_INDEX) -> Augmentation:
+    """An Augmentation (Entry -> new Entry) from a config dict (``data.augment``); unknown keys are a ValueError.
 
-    ``ignore_index`` fills the mask where an affine leaves no data: the argument when given (the trainer passes
-    ``data.ignore_index``), else the config's ``ignore_index`` key, else 255.
+    ``ignore_index`` fills the mask where an affine leaves no data (the trainer passes ``data.ignore_index``).
     """
     config = dict(config or {})
     _check_keys(config, KEYS, "the augmentation config")
@@ -75,8 +73,6 @@ def build_augmentation(config: Mapping | None, ignore_index: int | None = None) 
                     f"augmentation {section!r} must be a mapping with keys {list(valid)}, got {config[section]!r}"
                 )
             _check_keys(config[section], valid, f"augmentation {section!r}")
-    if ignore_index is None:
-        ignore_index = int(config.get("ignore_index", IGNORE_INDEX))
     steps: list = []
     if config.get("hflip"):
         steps.append(v2.RandomHorizontalFlip(p=float(config["hflip"])))
