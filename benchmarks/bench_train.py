@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("bench_train: --device cuda, but no CUDA device is available", file=sys.stderr)
             return 2
+        if device.index is None:  # set_device needs an index: "cuda" means the current device
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     torch.manual_seed(0)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

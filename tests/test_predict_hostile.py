@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 from predict_fixtures import members, png, random_checkpoint, scan, write_folder, write_zip
 
 from srforge.cli import main_predict
@@ -191,3 +192,25 @@ def test_strict_stops_at_the_first_failure_and_still_lists_every_scan(tmp_path, 
 def test_the_cuda_budget_is_free_memory_over_bytes_per_pixel():
     assert budget_from_memory(80 * 2**30, 1024, 32) == 40 * 2**20  # half of 80 GiB at 1 KiB a pixel
     assert budget_from_memory(2**20, 10**9, 32) == 4 * 32**2  # never below one 2d x 2d tile
+
+
+def test_the_cuda_budget_is_capped_and_shared_by_the_processes_on_one_device(monkeypatch):
+    from srforge.engine import device as dev
+
+    monkeypatch.setattr(dev, "activation_bytes_per_pixel", lambda *args: 1.0)  # a probe that saw almost nothing
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (140 * 2**30, 143 * 2**30))
+    model = torch.nn.Module()
+    model.size_divisor = 32
+    assert dev.cuda_pixel_budget(model, torch.device("cuda"), "fp32") == dev.MAX_CUDA_PIXELS  # not 7e10 pixels
+    monkeypatch.setattr(dev, "activation_bytes_per_pixel", lambda *args: 4096.0)
+    alone = dev.cuda_pixel_budget(model, torch.device("cuda"), "fp32")
+    assert alone == 140 * 2**30 // 2 // 4096
+    assert dev.cuda_pixel_budget(model, torch.device("cuda"), "fp32", sharing=4) == alone // 4
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # 8 ranks on 2 GPUs: 4 share each
+    assert dev.processes_per_device() == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert dev.processes_per_device() == 1

@@ -82,16 +82,16 @@ def test_class_map_from_logits_matches_the_probabilities(ckpt):
 class OutOfMemoryAbove(torch.nn.Module):
     """The model, but a CUDA out-of-memory error for any input of more than ``limit`` padded pixels."""
 
-    def __init__(self, model, limit):
+    def __init__(self, model, limit, error=torch.cuda.OutOfMemoryError):
         super().__init__()
-        self.model, self.limit, self.seen = model, limit, []
+        self.model, self.limit, self.seen, self.error = model, limit, [], error
         self.size_divisor, self.num_classes, self.in_channels = model.size_divisor, model.num_classes, model.in_channels
 
     def forward(self, image, sizes):
         pixels = image.shape[0] * image.shape[2] * image.shape[3]
         self.seen.append((image.shape[0], image.shape[2], image.shape[3], pixels > self.limit))
         if pixels > self.limit:
-            raise torch.cuda.OutOfMemoryError(f"injected: {pixels} px > {self.limit}")
+            raise self.error(f"injected: {pixels} px > {self.limit}")
         return self.model(image, sizes)
 
 
@@ -116,6 +116,23 @@ def test_out_of_memory_splits_the_batch_then_tiles_never_fails(tmp_path, ckpt):
     oom.limit = 0  # nothing fits, not even the smallest tile: only now is the scan failed
     with pytest.raises(torch.cuda.OutOfMemoryError):
         predictor.predict(images[:1])
+
+
+def test_cublas_allocation_failure_counts_as_out_of_memory_and_other_errors_do_not(ckpt):
+    plain = Predictor.from_checkpoint(ckpt, device="cpu", max_batch=0)
+    images = [torch.from_numpy(scan(i, h=20, w=40)).permute(2, 0, 1) for i in range(2)]
+
+    def cublas(message):  # what cuBLAS raises when its workspace cannot be allocated
+        return RuntimeError(f"CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)` ({message})")
+
+    oom = OutOfMemoryAbove(plain.model, limit=20 * 40, error=cublas)
+    predictor = Predictor(oom, device="cpu", max_batch=0)
+    assert all(torch.equal(a, b) for a, b in zip(predictor.predict(images), plain.predict(images)))
+    assert [(b, fail) for b, _, _, fail in oom.seen] == [(2, True), (1, False), (1, False)]
+    oom.error, oom.seen = (lambda message: RuntimeError(f"a bug, not memory: {message}")), []
+    with pytest.raises(RuntimeError, match="a bug"):
+        predictor.predict(images)
+    assert len(oom.seen) == 1  # raised at once, never retried
 
 
 def test_out_of_memory_in_an_archive_run_fails_no_scan(tmp_path, ckpt):

@@ -328,6 +328,7 @@ def test_resume_with_fewer_gpus_than_the_checkpoint_saved_states_for(tmp_path, m
     monkeypatch.setattr(
         torch.cuda, "is_available", lambda: sys._getframe(1).f_code.co_filename.endswith("srforge/engine/rng.py")
     )
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a run on the GPU has its context open
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: device["index"])
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state))

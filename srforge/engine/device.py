@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -49,7 +50,7 @@ def activation_bytes_per_pixel(model: torch.nn.Module, device: torch.device, pre
     """
     d = model.size_divisor
     peaks = []
-    for width in (32 * d, 64 * d):
+    for width in (32 * d, 32 * d, 64 * d):  # the first run is a warm-up: cuBLAS/cuDNN workspaces stay allocated
         image = torch.zeros((1, model.in_channels, 8 * d, width), dtype=torch.uint8, device=device)
         sizes = torch.tensor([[8 * d, width]], device=device)
         torch.cuda.synchronize(device)
@@ -61,12 +62,35 @@ def activation_bytes_per_pixel(model: torch.nn.Module, device: torch.device, pre
         torch.cuda.synchronize(device)
         peaks.append(torch.cuda.max_memory_allocated(device) - base)
         del image, sizes, logits
-    return max(1.0, (peaks[1] - peaks[0]) / (8 * d * 32 * d))
+    # A floor: the input, the logits and the uint8 class map alone take this much per pixel, whatever the probe saw.
+    floor = model.in_channels + 4.0 * model.num_classes + 1
+    return max(floor, (peaks[2] - peaks[1]) / (8 * d * 32 * d))
 
 
-def cuda_pixel_budget(model: torch.nn.Module, device: torch.device, precision: str) -> int:
-    """The default pixel budget on a CUDA device: half its free memory over the model's bytes per pixel."""
+def local_processes() -> int:
+    """Processes on this machine in this job: torchrun's LOCAL_WORLD_SIZE, else 1."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def processes_per_device() -> int:
+    """How many of this machine's processes share one CUDA device (more ranks than GPUs share them)."""
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 1
+    return -(-local_processes() // max(1, devices))
+
+
+# At most this many padded pixels per batch on CUDA, however much memory is free: 2**27 is 16 full-size scans of
+# 640 x 12,800; larger batches add nothing to GPU occupancy but hold gigabytes of decoded scans on the host.
+MAX_CUDA_PIXELS = 2**27
+
+
+def cuda_pixel_budget(model: torch.nn.Module, device: torch.device, precision: str, sharing: int = 1) -> int:
+    """The default pixel budget on a CUDA device: half its free memory, divided among the ``sharing`` processes
+    that use the device, over the model's bytes per pixel; at most MAX_CUDA_PIXELS."""
     per_pixel = activation_bytes_per_pixel(model, device, precision)
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
-    return budget_from_memory(free, per_pixel, model.size_divisor)
+    budget = budget_from_memory(free, per_pixel, model.size_divisor, fraction=0.5 / max(1, sharing))
+    return min(MAX_CUDA_PIXELS, budget)

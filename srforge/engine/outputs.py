@@ -110,7 +110,8 @@ def prepare_output(out_dir: Path) -> None:
     """Create ``out_dir`` and prove it writable: OutputError (read-only, no permission) or DiskFullError."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out_dir / f".write-check{TEMP_SUFFIX}", "").unlink()
+        # One name per process: several torchrun ranks prove the same folder at once.
+        atomic_write_text(out_dir / f".write-check.{os.getpid()}{TEMP_SUFFIX}", "").unlink(missing_ok=True)
     except OSError as error:
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(out_dir) from None

@@ -134,10 +134,19 @@ def predict_archive(
     out_dir, start = Path(out_dir), time.perf_counter()
     rank, world, _ = sharding.process_rank()
     sharding.join()
-    prepare_output(out_dir)
-    if rank == 0:
-        remove_stale_temporaries(out_dir)
-        remove_partials(out_dir)
+    refused: Exception | None = None
+    if rank == 0:  # before any other process writes: the sweep must not take another rank's file in flight
+        try:
+            prepare_output(out_dir)
+            remove_stale_temporaries(out_dir)
+            remove_partials(out_dir)
+        except Exception as error:  # raised after the barrier, so that no other process waits for rank 0
+            refused = error
+    sharding.barrier()
+    if refused is not None:
+        raise refused
+    if rank > 0:
+        prepare_output(out_dir)  # the same check, and the same error, in every process
     wanted = ["mask"] + ["overlay"] * overlay + ["probabilities"] * probabilities
     options = {"overlay": overlay, "probabilities": probabilities}
     bar = tqdm(total=len(archive), unit="scan", desc="predict", disable=not progress or rank > 0, dynamic_ncols=True)

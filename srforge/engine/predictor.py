@@ -26,7 +26,7 @@ from srforge.data.collate import AlignedCollate
 from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.defaults import PRECISIONS
 from srforge.engine.checkpoint import class_names_or_default, load_checkpoint, model_from_checkpoint
-from srforge.engine.device import autocast, cuda_pixel_budget, resolve_device
+from srforge.engine.device import autocast, cuda_pixel_budget, processes_per_device, resolve_device
 from srforge.engine.metrics import class_map
 from srforge.engine.tiling import predict_tiled, tile_shape
 from srforge.geometry import aligned_size
@@ -39,6 +39,17 @@ DEFAULT_CPU_PIXELS = 2**22
 AUTO_MAX_BATCH = {"cpu": 1}
 # The public name of CUDA's out-of-memory error in every torch from 2.4 on (torch.OutOfMemoryError came later).
 OutOfMemoryError = torch.cuda.OutOfMemoryError
+# cuBLAS and cuDNN report a failed allocation as a plain RuntimeError with one of these in its message.
+_ALLOCATION_FAILURES = ("out of memory", "ALLOC_FAILED")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is the device running out of memory (then a smaller batch or tile may fit)."""
+    return isinstance(error, OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and any(text in str(error) for text in _ALLOCATION_FAILURES)
+    )
+
+
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
@@ -109,6 +120,10 @@ class Predictor:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {precision!r}")
         self.device = resolve_device(device)
+        if self.device.type == "cuda":
+            # Events, pinned copies and the cuBLAS handle follow the current device: make it this one, so that a
+            # process on cuda:N (a torchrun rank) neither waits on nor allocates on cuda:0.
+            torch.cuda.set_device(self.device)
         self.model = model.to(self.device).eval()
         self.divisor, self.num_classes = model.size_divisor, model.num_classes
         if self.num_classes > 256:
@@ -125,7 +140,7 @@ class Predictor:
         self.collate = AlignedCollate(self.divisor, pad={"image": 0})
         if max_pixels is None:
             max_pixels = (
-                cuda_pixel_budget(self.model, self.device, precision)
+                cuda_pixel_budget(self.model, self.device, precision, sharing=processes_per_device())
                 if self.device.type == "cuda"
                 else DEFAULT_CPU_PIXELS
             )
@@ -193,8 +208,10 @@ class Predictor:
             for b, (h, w) in enumerate(sizes.tolist())
         ]
         if cuda:
-            ready = torch.cuda.Event()
-            ready.record()
+            # Blocking: a writer thread waiting on it sleeps instead of spinning a core. Recorded on this device's
+            # stream, where the copies run (the current device is set to it in __init__).
+            ready = torch.cuda.Event(blocking=True)
+            ready.record(torch.cuda.current_stream(self.device))
             for prediction in out:
                 prediction.ready = ready
         return out
@@ -213,9 +230,9 @@ class Predictor:
             yield
         elif self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(torch.cuda.current_stream(self.device))
             yield
-            end.record()
+            end.record(torch.cuda.current_stream(self.device))
             self.timings.append((start, end))
         else:
             start = time.perf_counter()
@@ -248,8 +265,10 @@ class Predictor:
             return [self._tiled(images[0], probs_dtype, self.max_pixels)]
         try:
             return self._run(batch if batch is not None else self.collate_images(images), probs_dtype)
-        except OutOfMemoryError:
-            pass  # leave the except block first, so the failed attempt's tensors can be freed
+        except RuntimeError as error:  # OutOfMemoryError is one
+            if not is_out_of_memory(error):
+                raise
+            # leave the except block first, so the failed attempt's tensors can be freed
         batch = None
         self._forget_oom()
         if len(images) > 1:
@@ -272,8 +291,8 @@ class Predictor:
                     run, image, tile, self.overlap, self.divisor, max(1, budget // (tile[0] * tile[1]))
                 )
                 return Prediction(mask, probs)
-            except OutOfMemoryError:
-                if tile[0] * tile[1] <= smallest and budget <= smallest:
+            except RuntimeError as error:
+                if not is_out_of_memory(error) or (tile[0] * tile[1] <= smallest and budget <= smallest):
                     raise
             self._forget_oom()
             budget = max(smallest, min(budget, tile[0] * tile[1]) // 2)

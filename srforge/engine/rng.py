@@ -37,7 +37,7 @@ def rng_state() -> dict[str, Any]:
         "python": list(random.getstate()[1]),
         "python_version": random.getstate()[0],
     }
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # a CPU run must not open a CUDA context here
         state["cuda"] = torch.cuda.get_rng_state()  # the current device's: uint8 [state bytes]
     return state
 

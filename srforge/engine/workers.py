@@ -29,18 +29,20 @@ import torch
 
 from srforge.data.archive import ScanArchive
 from srforge.data.images import read_image
+from srforge.engine.device import local_processes
 from srforge.engine.outputs import DiskFullError, Rows, output_paths, write_scan
 from srforge.engine.predictor import Prediction, Predictor
 
 
 def default_workers() -> int:
-    """Background decoding processes by default: the CPUs this process may use but one (kept for the main
-    process: feeding the device, writing), at least 1, at most 8."""
+    """Background decoding processes by default: this process's share of the CPUs (under torchrun the machine's
+    CPUs are shared by its LOCAL_WORLD_SIZE processes) but one, kept for the main process (feeding the device,
+    writing); at least 1, at most 8."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(8, cpus - 1))
+    return max(1, min(8, cpus // local_processes() - 1))
 
 
 def writer_threads(workers: int) -> int:
