@@ -38,20 +38,31 @@ def padded_batch(sizes: list[tuple[int, int]], channels: int, divisor: int) -> t
     return batch["image"], batch["sizes"]
 
 
+DEVICE = torch.device("cpu")  # set by --device; every tensor of the benchmark lives there
+
+
+def synchronize() -> None:
+    """Wait for the device's queued work, so that a wall-clock timer measures it (a no-op on the CPU)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
 def seconds(step, repeats: int) -> list[float]:
-    """Wall time of each of ``repeats`` calls of step() after one warm-up call."""
+    """Wall time of each of ``repeats`` calls of step() after one warm-up call, the device's work included."""
     step()
     times = []
     for _ in range(repeats):
+        synchronize()
         start = time.perf_counter()
         step()
+        synchronize()
         times.append(time.perf_counter() - start)
     return times
 
 
 def matmul_peak(n: int, repeats: int) -> float:
-    """Best fp32 FLOP/s of an n x n matmul on this machine."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    """Best fp32 FLOP/s of an n x n matmul on the device."""
+    a, b = torch.randn(n, n, device=DEVICE), torch.randn(n, n, device=DEVICE)
     return 2 * n**3 / min(seconds(lambda: a @ b, repeats))
 
 
@@ -74,8 +85,9 @@ def model_flops(model: UNet, image: torch.Tensor) -> tuple[int, int]:
 def norm_ratio(channels: int, image: torch.Tensor, sizes: torch.Tensor, repeats: int) -> float:
     """Forward+backward time of masked_group_norm over F.group_norm alone (both affine, as in the model), on
     [B, channels, Hp, Wp]: the median of ``repeats`` interleaved per-pair ratios."""
-    x = torch.randn(image.shape[0], channels, *image.shape[2:], requires_grad=True)
-    weight, bias = torch.randn(channels, requires_grad=True), torch.randn(channels, requires_grad=True)
+    x = torch.randn(image.shape[0], channels, *image.shape[2:], device=DEVICE, requires_grad=True)
+    weight = torch.randn(channels, device=DEVICE, requires_grad=True)
+    bias = torch.randn(channels, device=DEVICE, requires_grad=True)
     mask, dy = level_mask(sizes, *image.shape[2:]), torch.randn_like(x)
     groups = group_count(channels)
     ratios = []
@@ -97,13 +109,19 @@ def main() -> None:
     parser.add_argument("--norm-repeats", type=int, default=15, help="timed pairs for the norm layer alone")
     parser.add_argument("--matmul-size", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N): the model and every tensor there")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_model.json"))
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and DEVICE.index is None:
+        DEVICE = torch.device("cuda", torch.cuda.current_device())
 
     torch.manual_seed(args.seed)
-    model = UNet(base_channels=args.base_channels, depth=args.depth)
+    model = UNet(base_channels=args.base_channels, depth=args.depth).to(DEVICE)
     sizes = list(zip(spread(*args.heights, args.batch), spread(*args.widths, args.batch)))
     image, true_sizes = padded_batch(sizes, model.in_channels, model.size_divisor)
+    image, true_sizes = image.to(DEVICE), true_sizes.to(DEVICE)
     pixels = image.shape[0] * image.shape[2] * image.shape[3]
 
     peak = matmul_peak(args.matmul_size, 5)
@@ -125,6 +143,7 @@ def main() -> None:
         "depth": args.depth,
         "parameters": sum(p.numel() for p in model.parameters()),
         "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "machine": platform.processor(),
         "step_seconds": {"plain": t_plain, "padding_aware": t_aware},
@@ -139,7 +158,7 @@ def main() -> None:
     }
     print(
         f"batch {list(image.shape)} from scans {sizes}; UNet base {args.base_channels} depth {args.depth}, "
-        f"{results['parameters'] / 1e6:.2f} M parameters, {results['threads']} threads"
+        f"{results['parameters'] / 1e6:.2f} M parameters, {results['threads']} threads, on {results['device']}"
     )
     print(
         f"FLOPs per padded pixel: forward {forward_flops / pixels / 1e3:.1f} k, forward+backward "

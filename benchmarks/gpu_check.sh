@@ -92,7 +92,8 @@ EOF
     # -- bench_model (only if it has a CUDA option) ---------------------------------------------------------------
     if "$PY" benchmarks/bench_model.py --help 2>/dev/null | grep -q -- '--device'; then
         run_step "bench_model" 60 "$RESULTS/bench_model.log" \
-            "$PY" benchmarks/bench_model.py --device cuda --out "$RESULTS/bench_model.json"
+            "$PY" benchmarks/bench_model.py --device cuda --batch 4 --heights 480 640 --widths 3200 6400 \
+            --out "$RESULTS/bench_model.json"
         if [ "$RC" -eq 0 ]; then record "bench_model" PASS "$TOOK" "$(grep -iE 'ratio|x of plain|per step|GFLOP' "$RESULTS/bench_model.log" | tail -n 3 | paste -sd ';' -)"
         else record "bench_model" FAIL "$TOOK" "$(why $RC "$RESULTS/bench_model.log")"; fi
     else

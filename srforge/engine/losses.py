@@ -15,9 +15,12 @@ def dice_loss(
 
     logits [B, K, H, W] (any float dtype; computed in float32), target [B, H, W] int64 -> scalar.
     """
-    valid = target != ignore_index  # [B, H, W]
-    probs = logits.float().softmax(dim=1) * valid.unsqueeze(1)
-    one_hot = F.one_hot(target.where(valid, 0), logits.shape[1]).permute(0, 3, 1, 2) * valid.unsqueeze(1)
+    valid = (target != ignore_index).unsqueeze(1)  # [B, 1, H, W]
+    probs = logits.float().softmax(dim=1) * valid
+    # The one-hot in float32 with the mask applied once: int64 and a masked copy would cost 16 bytes per pixel
+    # and class, gigabytes at a GPU's batch size.
+    one_hot = F.one_hot(target.where(valid.squeeze(1), 0), logits.shape[1]).permute(0, 3, 1, 2).to(probs.dtype)
+    one_hot.mul_(valid)
     dims = (0, 2, 3)
     inter = (probs * one_hot).sum(dims)
     total = probs.sum(dims) + one_hot.sum(dims)
@@ -33,8 +36,9 @@ def segmentation_loss(
     pixels, at least 1, on the device: a batch with no valid pixel (an all-ignore crop) gives a zero that keeps
     the graph, not cross-entropy's 0/0 NaN, and no value is read back to the host to decide it.
     """
+    logits = logits.float()  # once for both terms (under autocast the logits are bf16 / fp16)
     valid = (target != ignore_index).sum().clamp_min(1)
-    loss = F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction="sum") / valid
+    loss = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum") / valid
     if dice_weight:
         loss = loss + dice_weight * dice_loss(logits, target, ignore_index)
     return loss
