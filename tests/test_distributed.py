@@ -3,6 +3,7 @@ timeout; a single process on cuda:N binds GPU N. No GPU here: torch's calls are 
 
 import datetime
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -13,6 +14,7 @@ from srforge.engine.distributed import Processes
 def test_cuda_rank_binds_its_gpu_before_init_and_passes_device_id_and_timeout(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
     monkeypatch.setattr(dist, "is_initialized", lambda: any(c[0] == "init" for c in calls))
 
@@ -47,6 +49,22 @@ def test_cpu_ranks_use_gloo_and_one_process_starts_nothing(monkeypatch):
     started = distributed.start(Processes(rank=0, world=2, local_rank=0), timeout_s=2.5)
     assert calls == [{"backend": "gloo", "timeout": datetime.timedelta(seconds=2.5)}]
     assert started.device == torch.device("cpu") and started.owns_group
+
+
+def test_run_device_cpu_keeps_ranks_on_gloo_and_a_rank_without_its_own_gpu_is_refused(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.append(("init", kw)))
+    started = distributed.start(Processes(rank=1, world=2, local_rank=1), timeout_s=3, device_name="cpu")
+    assert started.device == torch.device("cpu")
+    assert calls == [("init", {"backend": "gloo", "timeout": datetime.timedelta(seconds=3)})]
+    calls.clear()
+    with pytest.raises(ValueError, match="local rank 2 has no GPU.*nproc_per_node"):
+        distributed.start(Processes(rank=2, world=3, local_rank=2), timeout_s=3)
+    assert calls == []  # refused before binding a GPU or joining a group
 
 
 def test_single_process_on_cuda_n_binds_gpu_n(monkeypatch):

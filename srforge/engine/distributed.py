@@ -41,20 +41,27 @@ def launched() -> Processes:
     return Processes(rank, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", rank)))
 
 
-def start(processes: Processes, timeout_s: float) -> Processes:
+def start(processes: Processes, timeout_s: float, device_name: str = "auto") -> Processes:
     """Start the process group (nccl on CUDA, gloo on CPU) when launched by torchrun; returns it with its device.
 
+    Each process takes ``cuda:LOCAL_RANK`` unless ``device_name`` (``run.device``) is ``cpu``, or there is no GPU.
     A single process returns ``processes`` unchanged (its device is chosen from ``run.device``).
     """
     if processes.world == 1:
         return processes
-    use_cuda = torch.cuda.is_available()
+    use_cuda = torch.cuda.is_available() and not str(device_name).startswith("cpu")
+    if use_cuda and processes.local_rank >= torch.cuda.device_count():
+        raise ValueError(
+            f"run.device: local rank {processes.local_rank} has no GPU of its own ({torch.cuda.device_count()} "
+            "visible); start at most one process per GPU (torchrun --nproc_per_node) or set run.device=cpu"
+        )
     device = torch.device("cuda", processes.local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)  # also when the group already exists: later CUDA work lands on this GPU
     owns = not dist.is_initialized()
     if owns:
         options = {"backend": "nccl" if use_cuda else "gloo", "timeout": datetime.timedelta(seconds=timeout_s)}
         if use_cuda:
-            torch.cuda.set_device(device)
             # device_id binds NCCL to this GPU at once; init_process_group has taken it since torch 2.3.
             if "device_id" in inspect.signature(dist.init_process_group).parameters:
                 options["device_id"] = device

@@ -374,7 +374,7 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
     if processes.main:
         prepare_run_dir(run_dir, cfg)
     prepare_synthetic_data(cfg["data"]["synthetic"], processes)
-    processes = distributed.start(processes, cfg["train"]["dist_timeout_s"])
+    processes = distributed.start(processes, cfg["train"]["dist_timeout_s"], cfg["run"]["device"])
     try:
         with _writing(run_dir):  # a full disk anywhere else (size caches, TensorBoard): the run folder is named
             return _train(cfg, ckpt, processes, run_dir)
