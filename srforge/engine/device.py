@@ -11,11 +11,13 @@ import torch
 def resolve_device(name: str | torch.device) -> torch.device:
     """``"auto"`` -> cuda when available, else cpu; anything else as ``torch.device`` reads it.
 
-    A name torch does not know, or a CUDA device this machine does not have (``cuda:7`` on a machine with
-    one GPU, any ``cuda`` without one), is a ValueError that says which devices there are.
+    A CUDA device always comes back with its index (``cuda`` -> ``cuda:<current device>``), because
+    ``torch.cuda.set_device`` and per-device events need one. A name torch does not know, or a CUDA device this
+    machine does not have (``cuda:7`` on a machine with one GPU, any ``cuda`` without one), is a ValueError that
+    says which devices there are.
     """
     if isinstance(name, str) and name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as exc:
@@ -25,6 +27,8 @@ def resolve_device(name: str | torch.device) -> torch.device:
         if (device.index or 0) >= count:
             have = f"cuda:0 to cuda:{count - 1}; use one of those, auto or cpu" if count else "no CUDA device; use cpu"
             raise ValueError(f"no device {name!r}: this machine has {have}.")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
