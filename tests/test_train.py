@@ -235,15 +235,16 @@ def test_ctrl_c_writes_last_pt_and_the_run_resumes(tmp_path):
     assert load_checkpoint(tmp_path / "run" / "last.pt")["epoch"] == ckpt["epoch"] + 1
 
 
+def torchrun_two(script, *args: str, cwd, **env: str) -> subprocess.CompletedProcess:
+    """``script args`` in 2 processes under torchrun (gloo on the CPU), one thread each, srforge importable."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+
+
 def test_two_processes_with_torchrun_gloo(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    args = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(ROOT / "scripts" / "train.py"),
+    done = torchrun_two(
+        ROOT / "scripts" / "train.py",
         "--config",
         str(ROOT / "configs" / "custom_dataset.yaml"),
         f"run.dir={tmp_path / 'ddp'}",
@@ -251,8 +252,8 @@ def test_two_processes_with_torchrun_gloo(tmp_path):
         "data.batch_size=2",
         "model.base_channels=4",
         "train.epochs=2",
-    ]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     # Only rank 0 writes; 8 training scans in batches of 2 = 4 batches, 2 per rank per epoch.
@@ -285,22 +286,17 @@ def test_ddp_survives_data_generation_longer_than_the_collective_timeout(tmp_pat
     the other rank polls the folder, so no collective waits on it (a barrier after init would time out)."""
     script = tmp_path / "train_slow_generation.py"
     script.write_text(SLOW_GENERATOR)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "SRFORGE_TEST_GENERATION_DELAY_S": "12"}
-    args = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(script),
+    started = time.perf_counter()
+    done = torchrun_two(
+        script,
         "--config",
         str(ROOT / "configs" / "quickstart.yaml"),
         *_overrides(tmp_path, epochs=1),
         "data.batch_size=2",
         "train.dist_timeout_s=5",
-    ]
-    started = time.perf_counter()
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        cwd=tmp_path,
+        SRFORGE_TEST_GENERATION_DELAY_S="12",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert time.perf_counter() - started > 12  # the delay did happen
     assert done.stdout.count("generating 10 synthetic") == 1  # one generator on this machine (local rank 0)
