@@ -8,12 +8,37 @@ up what a killed run left behind.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 TEMP_SUFFIX = ".srforge-tmp"
+
+
+class DiskFullError(OSError):
+    """No space left (or the quota spent) on the device that holds ``path``; training and prediction stop with
+    exit status 1 and this message, after writing what they still can."""
+
+    def __init__(self, path):
+        super().__init__(errno.ENOSPC, f"no space left on {path}")
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"no space left on {self.path}"
+
+
+def no_space(error: BaseException | None) -> OSError | None:
+    """The ENOSPC / EDQUOT OSError behind ``error``, if any. Looks down the cause and context chain: torch.save,
+    for one, reports a full disk as a RuntimeError raised while closing the file, with the OSError as context."""
+    for _ in range(8):
+        if error is None:
+            return None
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], fsync: bool = False) -> Path:

@@ -19,7 +19,6 @@ files.
 from __future__ import annotations
 
 import csv
-import errno
 import io
 import json
 import os
@@ -34,7 +33,7 @@ import torch
 from PIL import Image
 from torchvision.utils import draw_segmentation_masks
 
-from srforge.atomic import TEMP_SUFFIX, atomic_write, atomic_write_text
+from srforge.atomic import TEMP_SUFFIX, DiskFullError, atomic_write, atomic_write_text, no_space
 from srforge.data.images import DataError
 from srforge.data.naming import scan_stem
 
@@ -56,17 +55,6 @@ _COLORS = [
 
 class OutputError(Exception):
     """The output folder cannot be used (links inside it, read-only, inside the input); exit status 2."""
-
-
-class DiskFullError(OSError):
-    """No space left on the device that holds ``path``; the run stops (exit status 1) after its report."""
-
-    def __init__(self, path):
-        super().__init__(errno.ENOSPC, f"no space left on {path}")
-        self.path = path
-
-    def __str__(self) -> str:
-        return f"no space left on {self.path}"
 
 
 # -- checks before a run ---------------------------------------------------------------------------------
@@ -113,7 +101,7 @@ def prepare_output(out_dir: Path) -> None:
         # One name per process: several torchrun ranks prove the same folder at once.
         atomic_write_text(out_dir / f".write-check.{os.getpid()}{TEMP_SUFFIX}", "").unlink(missing_ok=True)
     except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        if no_space(error):
             raise DiskFullError(out_dir) from None
         raise OutputError(
             f"cannot write into --output {out_dir} ({error.strerror or error}); choose a writable folder"
@@ -121,10 +109,10 @@ def prepare_output(out_dir: Path) -> None:
 
 
 def as_disk_full(error: BaseException, path) -> BaseException:
-    """``error`` as a DiskFullError naming ``path`` when it is ENOSPC (or EDQUOT), else unchanged."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return error if isinstance(error, DiskFullError) else DiskFullError(path)
-    return error
+    """``error`` as a DiskFullError naming ``path`` when a full disk is behind it (:func:`no_space`), else unchanged."""
+    if isinstance(error, DiskFullError) or no_space(error) is None:
+        return error
+    return DiskFullError(path)
 
 
 # -- one scan's files -----------------------------------------------------------------------------------

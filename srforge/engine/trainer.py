@@ -22,7 +22,6 @@ are averaged by DistributedDataParallel, losses and confusion matrices are summe
 from __future__ import annotations
 
 import csv
-import errno
 import inspect
 import io
 import json
@@ -40,7 +39,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from srforge.atomic import atomic_write_text, remove_stale_temporaries
+from srforge.atomic import DiskFullError, atomic_write_text, no_space, remove_stale_temporaries
 from srforge.config import ConfigError, dump, import_object
 from srforge.data.adapter import FieldView
 from srforge.data.augment import build_augmentation
@@ -59,10 +58,6 @@ from srforge.models import UNet
 __all__ = ["train", "build_data", "evaluate", "NonFiniteLossError", "DiskFullError"]
 
 MODEL_ARGS = ("in_channels", "num_classes", "base_channels", "depth", "max_channels", "padding_aware")
-
-
-class DiskFullError(OSError):
-    """No space left on the device holding a file the run writes; the message names the file."""
 
 
 # -- before anything is written -------------------------------------------------------------------
@@ -88,28 +83,16 @@ def read_resume_checkpoint(resume: str | os.PathLike | None, model_cfg: dict) ->
     return ckpt
 
 
-def _no_space(exc: BaseException | None) -> OSError | None:
-    """The ENOSPC OSError behind ``exc``, if any: torch.save reports a full disk as a RuntimeError raised while
-    closing the file, with the OSError as its context."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return exc
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return None
-
-
 @contextmanager
 def _writing(path: Path) -> Iterator[None]:
     """Turn a full disk while writing ``path`` into a DiskFullError that names it (or the file the error names)."""
     try:
         yield
     except (OSError, RuntimeError) as exc:
-        full = _no_space(exc)
+        full = no_space(exc)
         if full is None or isinstance(exc, DiskFullError):
             raise
-        where = full.filename or path
-        raise DiskFullError(errno.ENOSPC, f"no space left on {where}", str(where)) from None
+        raise DiskFullError(full.filename or path) from None
 
 
 def prepare_run_dir(run_dir: Path, cfg: dict) -> None:
