@@ -149,9 +149,8 @@ class Reader(threading.Thread):
                 batch.errors[i] = error
         try:
             _collate(self.predictor, batch)
-        except Exception as error:  # collating cannot fail for decoded scans; if it does, infer collates again
+        except Exception:  # collating decoded scans should not fail; if it does, infer collates again and reports it
             batch.collated = None
-            del error
         return self._put(batch)
 
     def run(self) -> None:
