@@ -295,7 +295,8 @@ def main_predict(argv=None) -> int:
         type=_int_at_least(1),
         default=None,
         help=f"padded pixels per batch; larger scans are tiled (default {DEFAULT_CPU_PIXELS:,} on CPU; on CUDA "
-        "half the free memory over the model's bytes per pixel, measured at start)",
+        "half the free memory, shared by the processes on the GPU, over the model's bytes per pixel, measured at "
+        "start, at most 2**27)",
     )
     parser.add_argument(
         "--max-batch",
@@ -311,7 +312,7 @@ def main_predict(argv=None) -> int:
         type=_int_at_least(0),
         default=None,
         help=f"background processes decoding scans; 0 decodes in this process (default {default_workers()}: "
-        "the CPUs this process may use, at most 8)",
+        "this process's share of the CPUs less one, at most 8)",
     )
     parser.add_argument("--overlay", action="store_true", help="also write overlays/")
     parser.add_argument("--probabilities", action="store_true", help="also write probabilities/ (float16 .npy)")
