@@ -43,15 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from srforge.data.archive import ScanArchive  # noqa: E402
 from srforge.data.images import read_image  # noqa: E402
-from srforge.engine.device import autocast  # noqa: E402
-from srforge.engine.metrics import class_map  # noqa: E402
-from srforge.engine.outputs import class_fractions, output_paths, write_png, write_scan  # noqa: E402
-from srforge.engine.pipeline import predict_archive  # noqa: E402
-from srforge.engine.predictor import Predictor  # noqa: E402
-from srforge.engine.tiling import predict_tiled, tile_shape  # noqa: E402
-from srforge.engine.workers import default_workers  # noqa: E402
 from srforge.geometry import crop_to_sizes  # noqa: E402
 from srforge.models import UNet  # noqa: E402
+from srforge.models.class_map import class_map  # noqa: E402
+from srforge.predict.background import default_workers  # noqa: E402
+from srforge.predict.outputs import class_fractions, output_paths, write_png, write_scan  # noqa: E402
+from srforge.predict.pipeline import predict_archive  # noqa: E402
+from srforge.predict.predictor import Predictor  # noqa: E402
+from srforge.predict.tiling import predict_tiled, tile_shape  # noqa: E402
+from srforge.runtime.device import autocast  # noqa: E402
 
 NUM_CLASSES = 4  # multiclass synthetic scans: background, solid, dashed, dotted
 SCANS_IN_AN_HOUR = 136_771  # the user's archive

@@ -5,7 +5,7 @@ On synthetic well-log scans at 1/8 scale (heights 60-80, widths 400-1,600), one 
 - batch 1, each scan padded only to its own multiple of 32 (the only option before srforge);
 - batch 16 in random order; batch 16 size-grouped; a pixel budget (size-grouped);
 - the share of step time spent waiting for data with 2 loader workers (pixel-budget batches);
-- the trainer itself (``srforge.engine.trainer.train``, batch 1, on the same device) against the bare model's
+- the trainer itself (``srforge.train.loop.train``, batch 1, on the same device) against the bare model's
   forward+backward at batch 1 on the same scans with no loader: the framework's own cost (goal >= 0.85x on CPU,
   >= 0.9x on CUDA). On CUDA the trainer runs 2 epochs and its second (every shape already seen) is reported;
 - on CUDA, one training step at configs/welllog.yaml's budget (its data.max_pixels of 640 x 4,800 scans, its
@@ -41,10 +41,10 @@ from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.datasets import SegmentationFolder  # noqa: E402
 from srforge.data.sampling import SizeGroupedBatchSampler  # noqa: E402
 from srforge.data.synthetic import make_welllog_scans  # noqa: E402
-from srforge.engine.device import autocast  # noqa: E402
-from srforge.engine.losses import segmentation_loss  # noqa: E402
-from srforge.engine.trainer import train  # noqa: E402
 from srforge.models import UNet  # noqa: E402
+from srforge.runtime.device import autocast  # noqa: E402
+from srforge.train.loop import train  # noqa: E402
+from srforge.train.losses import segmentation_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,8 +32,8 @@ _EXPORTS = {
     "mask_dtype": "srforge.data.adapter",
     "ScanArchive": "srforge.data.archive",
     "UNet": "srforge.models.unet",
-    "Predictor": "srforge.engine.predictor",
-    "load_checkpoint": "srforge.engine.checkpoint",
+    "Predictor": "srforge.predict.predictor",
+    "load_checkpoint": "srforge.runtime.checkpoint",
 }
 
 __all__ = list(_EXPORTS)

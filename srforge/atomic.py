@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -39,6 +40,28 @@ def no_space(error: BaseException | None) -> OSError | None:
             return error
         error = error.__cause__ or error.__context__
     return None
+
+
+def as_disk_full(error: BaseException, path) -> BaseException:
+    """``error`` as a DiskFullError naming the file the OSError names (else ``path``) when a full disk is behind
+    it (:func:`no_space`); any other error unchanged."""
+    full = no_space(error)
+    if full is None or isinstance(error, DiskFullError):
+        return error
+    return DiskFullError(full.filename or path)
+
+
+@contextmanager
+def disk_full_names(path) -> Iterator[None]:
+    """Inside the block, a full disk (OSError or RuntimeError with one behind it) is raised as a DiskFullError
+    naming the file, or ``path``; every other error passes unchanged."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        converted = as_disk_full(exc, path)
+        if converted is exc:
+            raise
+        raise converted from None
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], fsync: bool = False) -> Path:

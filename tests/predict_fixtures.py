@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from srforge.engine.checkpoint import save_checkpoint
 from srforge.models import UNet
+from srforge.runtime.checkpoint import save_checkpoint
 
 
 def random_checkpoint(path: Path, class_names=("paper", "ink", "margin"), seed: int = 0, **extra) -> Path:

@@ -166,7 +166,7 @@ def test_a_truncated_tar_gz_is_a_data_error_naming_it(tmp_path):
 
 
 def test_dots_inside_a_stem_keep_scans_apart(tmp_path):
-    from srforge.engine.outputs import output_paths
+    from srforge.predict.outputs import output_paths
 
     archive = ScanArchive(
         _zip(tmp_path / "v.zip", {"scan.v1.png": _png(_rgb(4, 4)), "scan.v2.png": _png(_rgb(4, 4, 1))})

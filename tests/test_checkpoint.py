@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from srforge import UNet
-from srforge.engine.checkpoint import (
+from srforge.runtime.checkpoint import (
     load_checkpoint,
     model_from_checkpoint,
     save_checkpoint,

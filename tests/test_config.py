@@ -118,11 +118,11 @@ def test_missing_config_file_and_bad_yaml(tmp_path):
 
 
 def test_import_object_errors_name_the_key():
-    assert import_object("srforge.config:resolve", "k") is resolve
+    assert import_object("srforge.config.load:resolve", "k") is resolve
     with pytest.raises(ConfigError, match="data.dataset.class: cannot import module 'no_such_pkg.mod'"):
         import_object("no_such_pkg.mod:X", "data.dataset.class")
     with pytest.raises(ConfigError, match="has no attribute 'Nope'"):
-        import_object("srforge.config:Nope", "data.dataset.class")
+        import_object("srforge.config.load:Nope", "data.dataset.class")
 
 
 def _alias_bomb(levels: int = 9, width: int = 9) -> str:

@@ -16,10 +16,10 @@ from srforge.config import resolve  # noqa: E402
 from srforge.data.adapter import FieldView  # noqa: E402
 from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.datasets import SegmentationFolder  # noqa: E402
-from srforge.engine.checkpoint import load_checkpoint  # noqa: E402
-from srforge.engine.predictor import Predictor  # noqa: E402
-from srforge.engine.trainer import train  # noqa: E402
 from srforge.models import masked_group_norm  # noqa: E402
+from srforge.predict.predictor import Predictor  # noqa: E402
+from srforge.runtime.checkpoint import load_checkpoint  # noqa: E402
+from srforge.train.loop import train  # noqa: E402
 
 CUDA = torch.device("cuda")
 

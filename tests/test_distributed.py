@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from srforge.engine import distributed
-from srforge.engine.distributed import Processes
+from srforge.runtime import distributed
+from srforge.runtime.distributed import Processes
 
 
 def test_cuda_rank_binds_its_gpu_before_init_and_passes_device_id_and_timeout(monkeypatch):
@@ -28,16 +28,6 @@ def test_cuda_rank_binds_its_gpu_before_init_and_passes_device_id_and_timeout(mo
     assert calls[1] == ("init", {"backend": "nccl", "timeout": datetime.timedelta(seconds=7), "device_id": gpu})
     assert started == Processes(3, 4, 1, gpu, owns_group=True)
 
-    def older_init_process_group(backend=None, timeout=None):  # no device_id parameter: not passed
-        calls.append(("older init", {"backend": backend, "timeout": timeout}))
-
-    monkeypatch.setattr(dist, "init_process_group", older_init_process_group)
-    monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    distributed.start(Processes(rank=0, world=2, local_rank=0), timeout_s=7)
-    assert calls[-2:] == [
-        ("set_device", torch.device("cuda", 0)),
-        ("older init", {"backend": "nccl", "timeout": datetime.timedelta(seconds=7)}),
-    ]
 
 
 def test_cpu_ranks_use_gloo_and_one_process_starts_nothing(monkeypatch):
@@ -68,7 +58,7 @@ def test_run_device_cpu_keeps_ranks_on_gloo_and_a_rank_without_its_own_gpu_is_re
 
 
 def test_single_process_on_cuda_n_binds_gpu_n(monkeypatch):
-    from srforge.engine.trainer import single_process_device
+    from srforge.train.loop import single_process_device
 
     bound = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -18,8 +18,8 @@ from PIL import Image
 
 from srforge import UNet
 from srforge.cli import main_export
-from srforge.engine.checkpoint import save_checkpoint
-from srforge.engine.export import EXTRA, OnnxCheckError, check_onnx, check_scans, export_onnx
+from srforge.export.onnx import EXTRA, OnnxCheckError, check_onnx, check_scans, export_onnx
+from srforge.runtime.checkpoint import save_checkpoint
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SKIP = f"ONNX export needs the optional extra: {EXTRA} (onnx, onnxscript, onnxruntime)"
@@ -142,7 +142,7 @@ def test_a_missing_extra_is_an_error_that_names_it(missing, tmp_path, monkeypatc
 
 def test_without_onnxruntime_the_export_is_written_and_the_check_skipped_with_a_note(exported, tmp_path, monkeypatch):
     _, path, _ = exported
-    monkeypatch.setattr("srforge.engine.export.export_onnx", lambda model, out, **kw: Path(shutil.copy(path, out)))
+    monkeypatch.setattr("srforge.export.onnx.export_onnx", lambda model, out, **kw: Path(shutil.copy(path, out)))
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     _checkpoint(_tiny(), tmp_path / "best.pt")
     code, out, _ = _run(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "m.onnx")])
@@ -165,7 +165,7 @@ def test_an_output_that_cannot_be_written_is_exit_status_2(tmp_path, monkeypatch
 
     # Stands in for the (slow) trace; the write, and its failure onto a folder, are the real ones.
     monkeypatch.setattr(
-        "srforge.engine.export.export_onnx", lambda model, out, **kw: atomic_write(out, lambda f: f.write(b"onnx"))
+        "srforge.export.onnx.export_onnx", lambda model, out, **kw: atomic_write(out, lambda f: f.write(b"onnx"))
     )
     _checkpoint(_tiny(depth=2), tmp_path / "best.pt")
     (tmp_path / "model.onnx").mkdir()

@@ -17,9 +17,9 @@ from torch.utils.data import Dataset
 
 from srforge.cli import main_train
 from srforge.config import resolve
-from srforge.engine.checkpoint import load_checkpoint
-from srforge.engine.trainer import train
-from srforge.trust import untrusted_imports
+from srforge.config.trust import untrusted_imports
+from srforge.runtime.checkpoint import load_checkpoint
+from srforge.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
@@ -104,14 +104,14 @@ def test_every_import_path_of_a_checkpoint_is_checked(trained, tmp_path, capsys)
 
 
 def test_what_counts_as_named_by_the_user():
-    cfg = resolve({"data": {"dataset": {"class": "mine:Scans"}, "val_dataset": {"class": "srforge.config:dump"}}})
+    cfg = resolve({"data": {"dataset": {"class": "mine:Scans"}, "val_dataset": {"class": "srforge.config.load:dump"}}})
     assert untrusted_imports(cfg, []) == [
         ("data.dataset.class", "mine:Scans"),
-        ("data.val_dataset.class", "srforge.config:dump"),
+        ("data.val_dataset.class", "srforge.config.load:dump"),
     ]
     # the same path at the same key, from a file or a command-line override (dotted keys), is allowed
     assert untrusted_imports(cfg, [{"data.dataset.class": "mine:Scans"}]) == [
-        ("data.val_dataset.class", "srforge.config:dump")
+        ("data.val_dataset.class", "srforge.config.load:dump")
     ]
     assert untrusted_imports(cfg, [{"data": {"val_dataset": {"class": "mine:Scans"}}}])[0][0] == "data.dataset.class"
     # srforge's own Dataset classes are allowed; srforge functions that are not Datasets are not
@@ -233,7 +233,7 @@ def test_a_checkpoint_with_aliased_class_names_is_refused_by_predict_and_resume(
 
 
 def test_resolve_device_names_the_devices_there_are(monkeypatch):
-    from srforge.engine.device import resolve_device
+    from srforge.runtime.device import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

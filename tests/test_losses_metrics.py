@@ -3,8 +3,9 @@
 import torch
 
 from srforge import AlignedCollate, Entry
-from srforge.engine.losses import dice_loss, segmentation_loss
-from srforge.engine.metrics import class_map, confusion_matrix, scores
+from srforge.models.class_map import class_map
+from srforge.train.losses import dice_loss, segmentation_loss
+from srforge.train.metrics import confusion_matrix, scores
 
 
 def test_confusion_matrix_counts_only_labelled_pixels():

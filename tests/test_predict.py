@@ -20,9 +20,9 @@ from srforge.atomic import TEMP_SUFFIX
 from srforge.cli import main_predict
 from srforge.config import resolve
 from srforge.data.images import read_image
-from srforge.engine.predictor import Predictor
-from srforge.engine.tiling import tile_spans
-from srforge.engine.trainer import train
+from srforge.predict.predictor import Predictor
+from srforge.predict.tiling import tile_spans
+from srforge.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 PREDICT = [sys.executable, str(ROOT / "scripts" / "predict.py")]

@@ -14,8 +14,8 @@ import torch
 from predict_fixtures import members, png, random_checkpoint, scan, write_folder, write_zip
 
 from srforge.cli import main_predict
-from srforge.engine.device import budget_from_memory
-from srforge.engine.predictor import Predictor
+from srforge.predict.predictor import Predictor
+from srforge.runtime.memory import budget_from_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -195,7 +195,7 @@ def test_the_cuda_budget_is_free_memory_over_bytes_per_pixel():
 
 
 def test_the_cuda_budget_is_capped_and_shared_by_the_processes_on_one_device(monkeypatch):
-    from srforge.engine import device as dev
+    from srforge.runtime import memory as dev
 
     monkeypatch.setattr(dev, "activation_bytes_per_pixel", lambda *args: 1.0)  # a probe that saw almost nothing
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)

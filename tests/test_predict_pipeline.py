@@ -23,9 +23,9 @@ from predict_fixtures import (  # noqa: F401  (one_thread: a fixture)
 
 from srforge.cli import main_predict
 from srforge.data.archive import ScanArchive
-from srforge.engine.pipeline import predict_archive
-from srforge.engine.predictor import Predictor, batch_cap
-from srforge.engine.sharding import split_by_pixels
+from srforge.predict.pipeline import predict_archive
+from srforge.predict.predictor import Predictor, batch_cap
+from srforge.predict.sharding import split_by_pixels
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

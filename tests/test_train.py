@@ -14,8 +14,8 @@ import torch
 from torch.utils.data import Dataset
 
 from srforge.config import resolve
-from srforge.engine.checkpoint import load_checkpoint, model_from_checkpoint
-from srforge.engine.trainer import NonFiniteLossError, train
+from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint
+from srforge.train.loop import NonFiniteLossError, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
@@ -93,7 +93,7 @@ def test_exact_resume_gives_bit_identical_weights(tmp_path):
 
 
 def test_resume_after_an_interrupt_mid_epoch_is_exact_too(tmp_path, monkeypatch):
-    import srforge.engine.epoch as trainer  # the training and validation passes live in epoch.py
+    import srforge.train.step as trainer  # the training and validation passes live in epoch.py
 
     train(tiny_config(tmp_path / "straight"))
     real_loss, calls = trainer.segmentation_loss, []
@@ -322,7 +322,7 @@ def test_resume_with_fewer_gpus_than_the_checkpoint_saved_states_for(tmp_path, m
 
     restored, device = [], {"index": 0}
     monkeypatch.setattr(
-        torch.cuda, "is_available", lambda: sys._getframe(1).f_code.co_filename.endswith("srforge/engine/rng.py")
+        torch.cuda, "is_available", lambda: sys._getframe(1).f_code.co_filename.endswith("srforge/train/rng.py")
     )
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a run on the GPU has its context open
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -343,7 +343,7 @@ def test_resume_with_fewer_gpus_than_the_checkpoint_saved_states_for(tmp_path, m
     assert isinstance(saved, torch.Tensor) and torch.equal(saved, states[0])  # the current device's state only
 
     # A device index beyond the saved list (a checkpoint from 1 GPU resumed as rank 2): the first state.
-    from srforge.engine.rng import cuda_state_for_current_device
+    from srforge.train.rng import cuda_state_for_current_device
 
     device["index"] = 2
     assert torch.equal(cuda_state_for_current_device(states[:2]), states[0])
@@ -356,8 +356,8 @@ def test_train_and_validation_loss_are_the_same_quantity_on_the_same_batch(tmp_p
 
     from srforge.data.adapter import FieldView
     from srforge.data.collate import AlignedCollate
-    from srforge.engine.epoch import Progress, evaluate, train_epoch
-    from srforge.engine.trainer import build_model, build_optimization
+    from srforge.train.loop import build_model, build_optimization
+    from srforge.train.step import Progress, evaluate, train_epoch
 
     view = FieldView(TinyStrips(n=3), {"image": "scan", "mask": "labels", "name": "id"}, num_classes=2)
     device = torch.device("cpu")
@@ -400,8 +400,8 @@ def test_compile_goes_inside_ddp_and_matches_eager_gradients(tmp_path, monkeypat
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from srforge.engine.trainer import wrap_for_training
     from srforge.models import UNet
+    from srforge.train.loop import wrap_for_training
 
     real_compile = torch.nn.Module.compile
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: real_compile(self, backend="aot_eager", **kw))

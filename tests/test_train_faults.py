@@ -12,10 +12,10 @@ import torch
 import yaml
 from test_train import TinyStrips, tiny_config
 
-import srforge.engine.trainer as trainer
+import srforge.train.loop as trainer
 from srforge.cli import main_train
-from srforge.engine.checkpoint import load_checkpoint
-from srforge.engine.trainer import DiskFullError, train
+from srforge.runtime.checkpoint import load_checkpoint
+from srforge.train.loop import DiskFullError, train
 
 
 @contextlib.contextmanager

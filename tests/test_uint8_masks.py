@@ -9,12 +9,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.pin_memory import pin_memory
 
-import srforge.engine.epoch as epoch
+import srforge.train.step as epoch
 from srforge.config import resolve
 from srforge.data.adapter import FieldView
 from srforge.data.augment import build_augmentation
 from srforge.data.collate import AlignedCollate
-from srforge.engine.trainer import train
+from srforge.train.loop import train
 
 EVERY_STEP = {
     "hflip": 1.0,

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from srforge.constants import IGNORE_INDEX
 from srforge.data.entry import Entry
 from srforge.data.images import invalid_mask_values
-from srforge.defaults import IGNORE_INDEX
 
 CANONICAL = ("image", "mask", "name")
 

@@ -17,8 +17,8 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from srforge.constants import IGNORE_INDEX
 from srforge.data.transforms import DataTransform
-from srforge.defaults import IGNORE_INDEX
 
 # Valid keys: top level, then each section's own.
 KEYS = {

@@ -19,9 +19,9 @@ from typing import Any, Hashable
 import numpy as np
 import torch
 
+from srforge.constants import IGNORE_INDEX
 from srforge.data.entry import Entry, collate_field, collate_mappings, index_value
 from srforge.data.memory import new_batch_buffer
-from srforge.defaults import IGNORE_INDEX
 from srforge.geometry import crop_to_sizes, divisor_pair, round_up
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
+from srforge.constants import IGNORE_INDEX
 from srforge.data.entry import Entry
 from srforge.data.images import DataError, invalid_mask_values, read_image, read_mask
 from srforge.data.naming import find_pairs
 from srforge.data.sizes import measure_sizes
-from srforge.defaults import IGNORE_INDEX
 
 SIZES_FILE = ".srforge_sizes.json"
 

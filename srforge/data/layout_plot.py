@@ -1,7 +1,7 @@
 """Pictures of the batching: the first batches as the trainer forms them, and the size distribution.
 
 Padding waste is a percentage until one sees it. :func:`batch_layout` splits the sizes and batches the training
-side exactly as ``srforge.engine.trainer.build_data`` and the trainer's sampler do (``size_stratified_split``,
+side exactly as ``srforge.train.loop.build_data`` and the trainer's sampler do (``size_stratified_split``,
 then ``SizeGroupedBatchSampler`` at epoch 0, same seed), and measures every batch in pixels. :func:`draw_batch_layout`
 draws it with Pillow:
 

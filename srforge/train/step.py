@@ -7,7 +7,7 @@ read drains the queue of launched kernels, so the read comes after the backward 
 through the backward while the host waits.
 
 The loss is the same quantity in training and validation: the mean over batches of the batch's
-:func:`srforge.engine.losses.segmentation_loss` (cross-entropy over its valid pixels, plus ``dice_weight`` x
+:func:`srforge.train.losses.segmentation_loss` (cross-entropy over its valid pixels, plus ``dice_weight`` x
 Dice), summed across ranks.
 """
 
@@ -20,10 +20,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from srforge.engine import distributed
-from srforge.engine.device import autocast
-from srforge.engine.losses import segmentation_loss
-from srforge.engine.metrics import class_map, confusion_matrix, scores
+from srforge.models.class_map import class_map
+from srforge.runtime import distributed
+from srforge.runtime.device import autocast
+from srforge.train.losses import segmentation_loss
+from srforge.train.metrics import confusion_matrix, scores
 
 
 class NonFiniteLossError(RuntimeError):
@@ -165,7 +166,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """Validation over ``loader``, summed across ranks: the loss as training measures it, and per-class scores.
 
-    Returns :func:`srforge.engine.metrics.scores` of the confusion matrix over valid pixels, plus ``loss`` (the
+    Returns :func:`srforge.train.metrics.scores` of the confusion matrix over valid pixels, plus ``loss`` (the
     mean over batches of the batch loss; NaN with no batch). Sums stay on the device until the one read at the end.
     """
     model.eval()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from srforge.defaults import IGNORE_INDEX
+from srforge.constants import IGNORE_INDEX
 
 
 def dice_loss(

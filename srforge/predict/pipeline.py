@@ -2,20 +2,20 @@
 
     list          ScanArchive: names, rejected members
     skip finished sizes from headers; scans whose outputs are complete are skipped (each process a strided share)
-    split         under torchrun, what is left is dealt to the processes by pixels (srforge.engine.sharding)
+    split         under torchrun, what is left is dealt to the processes by pixels (srforge.predict.sharding)
     plan          size-grouped batches under the pixel budget (Predictor.plan); a .tar.gz in archive-order pools
     read          member bytes in the main process, decoded in ``workers`` background processes, collated ahead
     infer         the device: logits -> class map (uint8), probabilities only when asked (float16)
-    write         PNG / npy in background threads, each file atomic (srforge.engine.outputs)
+    write         PNG / npy in background threads, each file atomic (srforge.predict.outputs)
     report        one row per scan; under torchrun per-process reports merged by rank 0
 
 ``workers=0`` runs every stage in turn in the calling thread; the background read and write stages, and the
-bound they keep on memory, are in srforge.engine.workers.
+bound they keep on memory, are in srforge.predict.background.
 
 Every scan ends as a row: ok, skipped, failed (the error says which stage), rejected (refused by ScanArchive),
 or stopped (not reached because the run stopped early: ``strict`` or a full disk). ``strict`` stops at the
 first failed or rejected scan by raising StopRun inside the stages; a full disk stops the run with DiskFullError,
-raised again after the report is written (both in srforge.engine.outputs).
+raised again after the report is written (both in srforge.predict.outputs).
 """
 
 from __future__ import annotations
@@ -28,25 +28,25 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from srforge.atomic import remove_stale_temporaries
+from srforge.atomic import DiskFullError, remove_stale_temporaries
 from srforge.data.archive import ScanArchive
-from srforge.engine import sharding
-from srforge.engine.outputs import (
-    DiskFullError,
+from srforge.predict.background import DecodedBatch, Reader, Writer, read_inline, writer_threads
+from srforge.predict.folders import prepare_output
+from srforge.predict.outputs import (
     Rows,
     StopRun,
     class_fractions,
     finished_mask,
     merge_partials,
     output_paths,
-    prepare_output,
     remove_partials,
     summarise,
     write_partial,
     write_report,
 )
-from srforge.engine.predictor import Predictor
-from srforge.engine.workers import DecodedBatch, Reader, Writer, read_inline, writer_threads
+from srforge.predict.predictor import Predictor
+from srforge.predict.sharding import split_by_pixels
+from srforge.runtime import distributed
 
 POOL = 32  # scans of a .tar.gz read together, in archive order (it has no random access)
 NOT_REACHED = "not predicted: the run stopped early"
@@ -123,7 +123,7 @@ def predict_archive(
     progress: bool = True,
     workers: int = 0,
 ) -> dict[str, Any]:
-    """Predict every scan of ``archive`` into ``out_dir`` (layout: srforge.engine.outputs); returns the summary.
+    """Predict every scan of ``archive`` into ``out_dir`` (layout: srforge.predict.outputs); returns the summary.
 
     Statuses: ok (predicted now), skipped (complete outputs found, ``overwrite=False``), failed (unreadable,
     unpredictable or unwritable scan; the error says which), rejected (a member ScanArchive refused), stopped
@@ -132,8 +132,9 @@ def predict_archive(
     share and rank 0 writes the merged report. Raises DiskFullError (after the report) when the disk fills.
     """
     out_dir, start = Path(out_dir), time.perf_counter()
-    rank, world, _ = sharding.process_rank()
-    sharding.join()
+    processes = distributed.environment()
+    rank, world = processes.rank, processes.world
+    distributed.join()
     refused: Exception | None = None
     if rank == 0:  # before any other process writes: the sweep must not take another rank's file in flight
         try:
@@ -142,7 +143,7 @@ def predict_archive(
             remove_partials(out_dir)
         except Exception as error:  # raised after the barrier, so that no other process waits for rank 0
             refused = error
-    sharding.barrier()
+    distributed.barrier()
     if refused is not None:
         raise refused
     if rank > 0:
@@ -162,12 +163,12 @@ def predict_archive(
         todo = skip_finished(archive, mine, out_dir, predictor, wanted, overwrite, rows)
     except StopRun:
         stopped, todo = True, []
-    everything = sharding.gather((stopped, todo))
+    everything = distributed.gather((stopped, todo))
     stopped = any(s for s, _ in everything)
     todo = sorted(item for _, part in everything for item in part) if not stopped else []
     left = {i for i, _ in todo}
     mine = [i for i in mine if i not in left]  # checked here but predicted by whichever process it is dealt to
-    share = sharding.split_by_pixels(
+    share = split_by_pixels(
         [archive.names[i] for i, _ in todo], [predictor.aligned_area(s) for _, s in todo], world
     )[rank]
     todo = [todo[p] for p in share]
@@ -214,7 +215,7 @@ def _report(out_dir: Path, rows, stopped, start, predictor, archive, rank: int, 
         try:
             write_partial(out_dir, rank, world, rows, stopped)
         finally:
-            sharding.barrier()
+            distributed.barrier()
         if rank == 0:
             rows, stopped = merge_partials(out_dir, world)
     summary = summarise(
@@ -228,4 +229,4 @@ def _report(out_dir: Path, rows, stopped, start, predictor, archive, rank: int, 
     )
     if rank == 0:
         write_report(out_dir, rows, summary, predictor.class_names)
-    return sharding.gather(summary)[0]  # every process returns the merged summary, once the report exists
+    return distributed.gather(summary)[0]  # every process returns the merged summary, once the report exists

@@ -6,9 +6,9 @@
 
 Only the uint8 class maps cross to the host; softmax probabilities are computed (on the device) only when
 asked for, and cross as float16 when written to files. A scan whose aligned size alone exceeds the budget is
-tiled (srforge.engine.tiling). A CUDA out-of-memory error is not a failure: the batch is split in halves and
+tiled (srforge.predict.tiling). A CUDA out-of-memory error is not a failure: the batch is split in halves and
 retried, then a single scan is tiled with ever smaller tiles; only a scan that fails as one smallest tile
-(2d x 2d, d = the size divisor) raises. :func:`srforge.engine.pipeline.predict_archive` runs a Predictor over
+(2d x 2d, d = the size divisor) raises. :func:`srforge.predict.pipeline.predict_archive` runs a Predictor over
 a whole archive.
 """
 
@@ -22,14 +22,15 @@ from typing import Any
 
 import torch
 
+from srforge.constants import PRECISIONS
 from srforge.data.collate import AlignedCollate
 from srforge.data.sampling import SizeGroupedBatchSampler
-from srforge.defaults import PRECISIONS
-from srforge.engine.checkpoint import class_names_or_default, load_checkpoint, model_from_checkpoint
-from srforge.engine.device import autocast, cuda_pixel_budget, processes_per_device, resolve_device
-from srforge.engine.metrics import class_map
-from srforge.engine.tiling import predict_tiled, tile_shape
 from srforge.geometry import aligned_size
+from srforge.models.class_map import class_map
+from srforge.predict.tiling import predict_tiled, tile_shape
+from srforge.runtime.checkpoint import class_names_or_default, load_checkpoint, model_from_checkpoint
+from srforge.runtime.device import autocast, resolve_device
+from srforge.runtime.memory import cuda_pixel_budget, processes_per_device
 
 # Padded pixels per batch on the CPU (a full-scale 640 x 6,400 scan fits; wider ones are tiled). On CUDA the
 # default comes from the device: half its free memory over the model's measured bytes per pixel.
@@ -98,7 +99,7 @@ class Predictor:
     ``predict(images)`` -> class maps; ``probabilities(images)`` -> softmax maps; both take a list of scans
     [C, H, W] (uint8 0..255, or float 0..1) and return one result a scan at its exact (H, W), computed in
     size-grouped batches of at most ``max_pixels`` padded pixels (default: DEFAULT_CPU_PIXELS on CPU; on CUDA
-    measured from the device and the model, see :func:`srforge.engine.device.cuda_pixel_budget`).
+    measured from the device and the model, see :func:`srforge.runtime.memory.cuda_pixel_budget`).
     A scan whose aligned size alone exceeds the budget is tiled, tiles overlapping by ``overlap`` px
     (default 4 * size_divisor). ``max_batch`` caps scans per batch (:func:`batch_cap`). ``precision``: fp32,
     bf16 or fp16 (autocast). ``image_mode`` is the PIL mode scans are decoded to (default from the model's

@@ -1,42 +1,15 @@
-"""Device and precision choices shared by training and prediction."""
+"""Memory on a CUDA device: what one more padded pixel costs a model, and the pixel budget that fits.
+
+Fixed costs (weights, cuDNN and cuBLAS workspaces) are measured apart from the cost per padded pixel, so that a
+budget is (free memory x fraction) / bytes per pixel, shared by the processes that use one device.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 
-
-def resolve_device(name: str | torch.device) -> torch.device:
-    """``"auto"`` -> cuda when available, else cpu; anything else as ``torch.device`` reads it.
-
-    A CUDA device always comes back with its index (``cuda`` -> ``cuda:<current device>``), because
-    ``torch.cuda.set_device`` and per-device events need one. A name torch does not know, or a CUDA device this
-    machine does not have (``cuda:7`` on a machine with one GPU, any ``cuda`` without one), is a ValueError that
-    says which devices there are.
-    """
-    if isinstance(name, str) and name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"{name!r} is not a device ({exc}); expected auto, cpu, cuda or cuda:N.") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (device.index or 0) >= count:
-            have = f"cuda:0 to cuda:{count - 1}; use one of those, auto or cpu" if count else "no CUDA device; use cpu"
-            raise ValueError(f"no device {name!r}: this machine has {have}.")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def autocast(device: torch.device, precision: str):
-    """A context that runs under ``precision`` (fp32 | bf16 | fp16) on ``device``: autocast for the last two."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+from srforge.runtime.device import autocast
+from srforge.runtime.distributed import environment
 
 
 def budget_from_memory(free_bytes: int, bytes_per_pixel: float, divisor: int, fraction: float = 0.5) -> int:
@@ -71,18 +44,10 @@ def activation_bytes_per_pixel(model: torch.nn.Module, device: torch.device, pre
     return max(floor, (peaks[2] - peaks[1]) / (8 * d * 32 * d))
 
 
-def local_processes() -> int:
-    """Processes on this machine in this job: torchrun's LOCAL_WORLD_SIZE, else 1."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
-
-
 def processes_per_device() -> int:
     """How many of this machine's processes share one CUDA device (more ranks than GPUs share them)."""
     devices = torch.cuda.device_count() if torch.cuda.is_available() else 1
-    return -(-local_processes() // max(1, devices))
+    return -(-environment().local_world // max(1, devices))
 
 
 # At most this many padded pixels per batch on CUDA, however much memory is free: 2**27 is 16 full-size scans of

@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from srforge.config import ConfigError
+from srforge.config.load import ConfigError
 
 
 def import_paths(tree: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from srforge.config import ConfigError, import_object
-from srforge.engine.device import resolve_device
+from srforge.config.load import ConfigError, import_object
+from srforge.runtime.device import resolve_device
 
 
 def check_dataset(spec: Mapping[str, Any], key: str, generated_root: str | None = None) -> None:

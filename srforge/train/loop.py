@@ -7,7 +7,7 @@
 In order: :func:`read_resume_checkpoint` (before anything is written), :func:`prepare_run_dir`,
 :func:`prepare_synthetic_data` (before the process group starts), then :func:`build_data`, :func:`build_model`,
 :func:`build_optimization`, :func:`restore`, :func:`wrap_for_training`, and per epoch :func:`run_epoch`:
-:func:`srforge.engine.epoch.train_epoch`, :func:`srforge.engine.epoch.evaluate` and :func:`save_epoch`.
+:func:`srforge.train.step.train_epoch`, :func:`srforge.train.step.evaluate` and :func:`save_epoch`.
 
 Exact resume: the batch order depends only on (seed, epoch), augmentation on (seed, epoch, sample), and the
 checkpoint holds model, optimizer, scheduler, scaler, step and RNG states, so on the CPU a run stopped after
@@ -29,8 +29,6 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,21 +37,21 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from srforge.atomic import DiskFullError, atomic_write_text, no_space, remove_stale_temporaries
+from srforge.atomic import DiskFullError, atomic_write_text, disk_full_names, remove_stale_temporaries
 from srforge.config import ConfigError, dump, import_object
 from srforge.data.adapter import FieldView
 from srforge.data.augment import build_augmentation
 from srforge.data.collate import AlignedCollate
 from srforge.data.sampling import SizeGroupedBatchSampler, size_stratified_split
 from srforge.data.sizes import dataset_sizes
-from srforge.engine import distributed
-from srforge.engine.checkpoint import class_names_or_default, load_checkpoint, save_checkpoint
-from srforge.engine.device import resolve_device
-from srforge.engine.distributed import Processes
-from srforge.engine.epoch import NonFiniteLossError, Progress, evaluate, train_epoch
-from srforge.engine.metrics import scores
-from srforge.engine.rng import rng_state, seed_everything, set_rng_state
 from srforge.models import UNet
+from srforge.runtime import distributed
+from srforge.runtime.checkpoint import class_names_or_default, load_checkpoint, save_checkpoint
+from srforge.runtime.device import resolve_device
+from srforge.runtime.distributed import Processes
+from srforge.train.metrics import scores
+from srforge.train.rng import rng_state, seed_everything, set_rng_state
+from srforge.train.step import NonFiniteLossError, Progress, evaluate, train_epoch
 
 __all__ = ["train", "build_data", "evaluate", "NonFiniteLossError", "DiskFullError"]
 
@@ -83,18 +81,6 @@ def read_resume_checkpoint(resume: str | os.PathLike | None, model_cfg: dict) ->
     return ckpt
 
 
-@contextmanager
-def _writing(path: Path) -> Iterator[None]:
-    """Turn a full disk while writing ``path`` into a DiskFullError that names it (or the file the error names)."""
-    try:
-        yield
-    except (OSError, RuntimeError) as exc:
-        full = no_space(exc)
-        if full is None or isinstance(exc, DiskFullError):
-            raise
-        raise DiskFullError(full.filename or path) from None
-
-
 def prepare_run_dir(run_dir: Path, cfg: dict) -> None:
     """Create the run folder, sweep temporary files a killed run left there, write config.yaml.
 
@@ -102,7 +88,7 @@ def prepare_run_dir(run_dir: Path, cfg: dict) -> None:
     Only the main process calls this, before any other process can write into the folder.
     """
     try:
-        with _writing(run_dir / "config.yaml"):
+        with disk_full_names(run_dir / "config.yaml"):
             run_dir.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(run_dir)
             atomic_write_text(run_dir / "config.yaml", dump(cfg))
@@ -273,7 +259,7 @@ class Run:
         }
 
     def save(self, path: Path, epoch: int, progress: Progress, best: float) -> None:
-        with _writing(path):
+        with disk_full_names(path):
             save_checkpoint(self.checkpoint(epoch, progress, best), path)
 
 
@@ -295,7 +281,7 @@ def _write_metrics(run_dir: Path, row: dict[str, Any]) -> None:
     The CSV is rebuilt rather than appended so that its header covers every column, also when a later row
     gains validation columns (``train.val_every`` > 1) or a resumed run appends.
     """
-    with _writing(run_dir / "metrics.jsonl"), open(run_dir / "metrics.jsonl", "a") as f:
+    with disk_full_names(run_dir / "metrics.jsonl"), open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
     rows = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -310,7 +296,7 @@ def _write_metrics(run_dir: Path, row: dict[str, Any]) -> None:
     writer = csv.DictWriter(text, fieldnames=columns)
     writer.writeheader()
     writer.writerows(rows)
-    with _writing(run_dir / "metrics.csv"):
+    with disk_full_names(run_dir / "metrics.csv"):
         atomic_write_text(run_dir / "metrics.csv", text.getvalue())
 
 
@@ -351,7 +337,7 @@ def single_process_device(name: str) -> torch.device:
 # -- the entry point -------------------------------------------------------------------------------
 def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
     """Train by ``cfg`` (a resolved config); returns a summary with the final validation scores."""
-    processes = distributed.launched()
+    processes = distributed.environment()
     ckpt = read_resume_checkpoint(resume, cfg["model"])
     run_dir = Path(cfg["run"]["dir"])
     if processes.main:
@@ -359,7 +345,7 @@ def train(cfg: dict, resume: str | os.PathLike | None = None) -> dict[str, Any]:
     prepare_synthetic_data(cfg["data"]["synthetic"], processes)
     processes = distributed.start(processes, cfg["train"]["dist_timeout_s"], cfg["run"]["device"])
     try:
-        with _writing(run_dir):  # a full disk anywhere else (size caches, TensorBoard): the run folder is named
+        with disk_full_names(run_dir):  # a full disk anywhere else (size caches, TensorBoard): the run folder is named
             return _train(cfg, ckpt, processes, run_dir)
     finally:
         if processes.owns_group:

@@ -11,7 +11,7 @@ strings, lists, dicts: no pickled classes)::
     config        the resolved training config
     epoch, step   completed epochs and optimizer steps; batches_done: of the next epoch, after a Ctrl-C
     optimizer, scheduler, scaler, sampler, rng, best_metric      (training state, for --resume)
-    rng           Python, numpy, torch CPU and (with CUDA) the current device's states (srforge.engine.rng)
+    rng           Python, numpy, torch CPU and (with CUDA) the current device's states (srforge.train.rng)
 
 It is written atomically: to a temporary file in the same folder, flushed and fsync'ed, then renamed over
 the old one, so a kill at any moment leaves either the previous checkpoint or the new one, never half.

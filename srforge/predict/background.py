@@ -27,11 +27,12 @@ from typing import Any
 
 import torch
 
+from srforge.atomic import DiskFullError
 from srforge.data.archive import ScanArchive
 from srforge.data.images import read_image
-from srforge.engine.device import local_processes
-from srforge.engine.outputs import DiskFullError, Rows, output_paths, write_scan
-from srforge.engine.predictor import Prediction, Predictor
+from srforge.predict.outputs import Rows, output_paths, write_scan
+from srforge.predict.predictor import Prediction, Predictor
+from srforge.runtime.distributed import environment
 
 
 def default_workers() -> int:
@@ -42,7 +43,7 @@ def default_workers() -> int:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(8, cpus // local_processes() - 1))
+    return max(1, min(8, cpus // environment().local_world - 1))
 
 
 def writer_threads(workers: int) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from srforge.defaults import IGNORE_INDEX, PRECISIONS
+from srforge.constants import IGNORE_INDEX, PRECISIONS
 from srforge.limits import MAX_ALIAS_EXPANSION, class_names_problem, expanded_size
 
 NoneType = type(None)

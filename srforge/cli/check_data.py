@@ -1,0 +1,98 @@
+"""srforge-check-data: decode every pair of a dataset folder, report problems, draw the batch layout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from srforge.constants import IGNORE_INDEX
+
+
+def main_check_data(argv=None) -> int:
+    """Decode every image and mask under ROOT and report every problem; exit status 1 if any."""
+    from srforge.data.datasets import check_folder
+
+    parser = argparse.ArgumentParser(prog="check_data", description=main_check_data.__doc__)
+    parser.add_argument("root", help="dataset folder holding images/ and masks/")
+    parser.add_argument("--images", default="images", help="image subfolder (default images)")
+    parser.add_argument("--masks", default="masks", help="mask subfolder (default masks)")
+    parser.add_argument("--num-classes", type=int, default=None, help="mask values must be below this")
+    parser.add_argument("--ignore-index", type=int, default=IGNORE_INDEX, help="mask value exempt from --num-classes")
+    parser.add_argument("--image-mode", default="RGB", help="PIL mode images are converted to (default RGB)")
+    _add_plot_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.num_classes is not None and args.num_classes < 1:
+        parser.error(f"--num-classes must be >= 1, found {args.num_classes}")
+    count, problems = check_folder(
+        args.root,
+        args.images,
+        args.masks,
+        num_classes=args.num_classes,
+        ignore_index=args.ignore_index,
+        image_mode=args.image_mode,
+    )
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    print(f"{args.root}: {count} pairs checked, {len(problems)} problem(s)")
+    if args.plot and not _plot_layout(args):
+        return 1
+    return 1 if problems else 0
+
+
+def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
+    """check_data's --plot and the batching it draws; the defaults are the trainer's (configs/quickstart.yaml)."""
+    from srforge.config import SCHEMA
+
+    def default(section: str, key: str):
+        return SCHEMA[section][key][1]
+
+    group = parser.add_argument_group("batch-layout picture (--plot); defaults are the trainer's")
+    group.add_argument("--plot", metavar="OUT.png", help="draw the first training batches and the size histogram")
+    group.add_argument(
+        "--batch-size", type=int, default=default("data", "batch_size"), help="data.batch_size (default %(default)s)"
+    )
+    group.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        help="data.max_pixels: a pixel budget per batch, instead of --batch-size",
+    )
+    group.add_argument(
+        "--depth",
+        type=int,
+        default=default("model", "depth"),
+        help="model.depth: divisor 2**depth (default %(default)s)",
+    )
+    group.add_argument("--divisor", type=int, default=None, help="the size divisor itself, instead of --depth")
+    group.add_argument(
+        "--val-fraction",
+        type=float,
+        default=default("data", "val_fraction"),
+        help="data.val_fraction, 0 for no split (default %(default)s)",
+    )
+    group.add_argument("--seed", type=int, default=default("run", "seed"), help="run.seed (default %(default)s)")
+    group.add_argument("--plot-batches", type=int, default=4, help="batches to draw (default 4)")
+
+
+def _plot_layout(args) -> bool:
+    """Write the --plot picture; False (with the reason on stderr) when the folder cannot be batched."""
+    from srforge.data import SegmentationFolder
+    from srforge.data.layout_plot import plot_batch_layout, totals
+
+    try:
+        sizes = SegmentationFolder(args.root, args.images, args.masks).sizes()
+        layout = plot_batch_layout(
+            sizes,
+            args.plot,
+            num_batches=args.plot_batches,
+            batch_size=None if args.max_pixels else args.batch_size,
+            max_pixels=args.max_pixels,
+            divisor=args.divisor or 2**args.depth,
+            val_fraction=args.val_fraction,
+            seed=args.seed,
+        )
+    except ValueError as exc:  # DataError (unpaired files), an empty folder, bad settings
+        print(f"check_data: cannot draw {args.plot}: {exc}", file=sys.stderr)
+        return False
+    print(f"wrote {args.plot}: " + "; ".join(totals(layout, args.plot_batches)))
+    return True

@@ -1,0 +1,55 @@
+"""One map from the exceptions a command expects to exit statuses, and one way to print them.
+
+    0    done
+    1    the run itself went wrong: a non-finite loss, a full disk, a failed ONNX check (and predict's failed scans)
+    2    the user's input: a bad config or argument, a missing or unusable file, bad data
+    130  interrupted (Ctrl-C)
+
+Each command catches only the exceptions that are the user's to fix at that point; anything else is a bug and
+ends with its traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from srforge.atomic import DiskFullError
+
+RUN_FAILED = 1
+BAD_INPUT = 2
+INTERRUPTED = 130
+
+
+def _run_failures() -> tuple[type[BaseException], ...]:
+    """Exception classes that mean the run failed (status 1), imported only if their module already is."""
+    found: list[type[BaseException]] = [DiskFullError]
+    for module, name in (("srforge.train.step", "NonFiniteLossError"), ("srforge.export.onnx", "OnnxCheckError")):
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            found.append(getattr(loaded, name))
+    return tuple(found)
+
+
+def exit_status(exc: BaseException) -> int:
+    """The exit status for ``exc``: 130 for Ctrl-C, 1 for a run that failed, 2 for anything the user gave."""
+    if isinstance(exc, KeyboardInterrupt):
+        return INTERRUPTED
+    return RUN_FAILED if isinstance(exc, _run_failures()) else BAD_INPUT
+
+
+def message(exc: BaseException) -> str:
+    """An exception's own message: one re-raised from a DataLoader worker carries the worker's whole traceback
+    in its text ("Caught ValueError in DataLoader worker process 0. Original Traceback ..."); keep its last line."""
+    text = str(exc)
+    if "Original Traceback" not in text:
+        return text
+    ends = [m.end() for m in re.finditer(rf"\n(?:[\w.]+\.)?{re.escape(type(exc).__name__)}: ", text)]
+    return text[ends[-1] :].strip() if ends else text
+
+
+def fail(prog: str, exc: BaseException, note: str = "") -> int:
+    """Print ``PROG: error: MESSAGE[; NOTE]`` on stderr (nothing for Ctrl-C) and return the exit status."""
+    if not isinstance(exc, KeyboardInterrupt):
+        print(f"{prog}: error: {message(exc)}{'; ' + note if note else ''}", file=sys.stderr)
+    return exit_status(exc)

@@ -1,0 +1,161 @@
+"""srforge-predict: masks for every scan of a folder or archive, at each scan's own size."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from srforge.cli.errors import RUN_FAILED, fail
+from srforge.constants import PRECISIONS
+
+PROG = "srforge-predict"
+
+_PREDICT_EPILOG = """\
+outputs under --output DIR (<rel> = the scan's relative path without its suffix):
+  masks/<rel>.png           class ids, uint8 grayscale PNG, exactly the scan's size
+  overlays/<rel>.png        with --overlay: the scan with its classes drawn over it
+  probabilities/<rel>.npy   with --probabilities: float16 [K, H, W] softmax probabilities (numpy.load)
+  report.json, report.csv   per scan: name, size, status (ok / skipped / failed / rejected / stopped), error,
+                            class pixel fractions, milliseconds; report.json also holds the summary
+A rerun skips scans whose outputs are complete (decode, right size) unless --overwrite. Members with
+absolute paths, '..', links or devices are rejected, never read; nothing is written outside DIR.
+Several processes share one archive under torchrun (torchrun --nproc_per_node=N scripts/predict.py ...).
+
+exit status: 0 every scan ok or skipped; 1 some scan failed or was rejected, --strict stopped, no scans
+             found, or the disk filled; 2 bad arguments, a missing or unusable input or output, or a file
+             that is not a usable srforge checkpoint."""
+
+
+def _int_at_least(minimum: int, also: tuple[str, ...] = ()):
+    """An argparse type: an int >= minimum (or one of ``also``), else an error that names the option."""
+
+    def parse(text: str):
+        if text in also:
+            return text
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            choices = " or ".join([f"an integer >= {minimum}", *map(repr, also)])
+            raise argparse.ArgumentTypeError(f"expected {choices}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    from srforge.predict.background import default_workers
+    from srforge.predict.predictor import DEFAULT_CPU_PIXELS
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=main_predict.__doc__,
+        epilog=_PREDICT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--checkpoint", required=True, help="checkpoint written by srforge-train (last.pt, best.pt)")
+    parser.add_argument("--input", required=True, help="folder (searched recursively), .zip, .tar or .tar.gz of scans")
+    parser.add_argument("--output", required=True, help="folder for masks/, overlays/, probabilities/, report.*")
+    parser.add_argument(
+        "--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ... (default auto)"
+    )
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="autocast dtype (default fp32)")
+    parser.add_argument(
+        "--max-pixels",
+        type=_int_at_least(1),
+        default=None,
+        help=f"padded pixels per batch; larger scans are tiled (default {DEFAULT_CPU_PIXELS:,} on CPU; on CUDA "
+        "half the free memory, shared by the processes on the GPU, over the model's bytes per pixel, measured at "
+        "start, at most 2**27)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=_int_at_least(0, ("auto",)),
+        default="auto",
+        help="scans per batch at most, 0 for no cap (default auto: 1 on CPU, where batching is slower; none on CUDA)",
+    )
+    parser.add_argument(
+        "--tile-overlap", type=_int_at_least(0), default=None, help="overlap of tiles in px (default 4 x size divisor)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=_int_at_least(0),
+        default=None,
+        help=f"background processes decoding scans; 0 decodes in this process (default {default_workers()}: "
+        "this process's share of the CPUs less one, at most 8)",
+    )
+    parser.add_argument("--overlay", action="store_true", help="also write overlays/")
+    parser.add_argument("--probabilities", action="store_true", help="also write probabilities/ (float16 .npy)")
+    parser.add_argument("--overwrite", action="store_true", help="predict again scans whose outputs exist")
+    parser.add_argument("--strict", action="store_true", help="stop at the first failed or rejected scan")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def _open(args):
+    """(Predictor, ScanArchive) for the parsed arguments, after checking the input and output folders."""
+    from srforge.data.archive import ScanArchive
+    from srforge.predict.folders import check_input, check_output
+    from srforge.predict.predictor import Predictor
+    from srforge.runtime.distributed import rank_device
+
+    source, output = Path(args.input), Path(args.output)
+    check_input(source)
+    check_output(output, source)
+    predictor = Predictor.from_checkpoint(
+        args.checkpoint,
+        device=rank_device(args.device),
+        precision=args.precision,
+        max_pixels=args.max_pixels,
+        overlap=args.tile_overlap,
+        max_batch=args.max_batch,
+    )
+    return predictor, ScanArchive(source)
+
+
+def _print_summary(summary: dict, output: Path) -> None:
+    stopped = f", {summary['stopped']} stopped" if summary["stopped"] else ""
+    print(
+        f"{PROG}: {summary['scans']} scans: {summary['ok']} ok, {summary['skipped']} skipped, "
+        f"{summary['failed']} failed, {summary['rejected']} rejected{stopped}"
+        f"{' (stopped at the first failure: --strict)' if summary['stopped_early'] else ''}; "
+        f"{summary['scans_per_second'] or 0:.2f} scans/s; report: {output / 'report.json'}"
+    )
+
+
+def main_predict(argv=None) -> int:
+    """Predict class masks for every scan of a folder, .zip or .tar(.gz) with a trained srforge checkpoint."""
+    from srforge.atomic import DiskFullError
+    from srforge.predict.background import default_workers
+    from srforge.predict.folders import OutputError
+    from srforge.predict.pipeline import predict_archive
+    from srforge.runtime.distributed import environment
+
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the message naming the option
+        return int(exc.code or 0)
+    try:
+        predictor, archive = _open(args)
+    except (FileNotFoundError, ValueError, RuntimeError, OutputError) as exc:  # DataError is a ValueError
+        return fail(PROG, exc)
+    if len(archive) == 0 and not archive.rejected:
+        archive.close()
+        print(f"{PROG}: error: no scans found in {args.input}", file=sys.stderr)
+        return RUN_FAILED
+    options = {k: getattr(args, k) for k in ("overlay", "probabilities", "overwrite", "strict")}
+    workers = default_workers() if args.workers is None else args.workers
+    try:
+        with archive:
+            summary = predict_archive(
+                predictor, archive, Path(args.output), **options, progress=not args.no_progress, workers=workers
+            )
+    except (OutputError, KeyboardInterrupt) as exc:
+        return fail(PROG, exc)
+    except DiskFullError as exc:
+        return fail(PROG, exc, "the report holds what was done")
+    if environment().rank == 0:
+        _print_summary(summary, Path(args.output))
+    return 0 if summary["failed"] + summary["rejected"] + summary["stopped"] == 0 else RUN_FAILED

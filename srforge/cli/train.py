@@ -1,0 +1,90 @@
+"""srforge-train: train from a YAML config, or resume a run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from srforge.cli.errors import fail
+
+PROG = "srforge-train"
+
+
+def _names_run_dir(overrides: list[str]) -> bool:
+    """Whether the command line sets run.dir (``run.dir=X`` or ``run={dir: X}``)."""
+    from srforge.config import parse_override
+
+    for text in overrides:
+        path, value = parse_override(text)
+        if path == "run.dir" or (path == "run" and isinstance(value, dict) and "dir" in value):
+            return True
+    return False
+
+
+def _train_config(config: str | None, resume: str | None, overrides: list[str]) -> dict:
+    """The resolved config for srforge-train: --config FILE, or with --resume alone the checkpoint's own config,
+    whose import paths must be named by the user too (srforge.config.trust). A resume writes into the folder it was
+    given (for a checkpoint file, the folder it sits in) unless run.dir is set on the command line."""
+    from srforge.config import ConfigError, load_config, parse_override, read_yaml_file, resolve
+    from srforge.config.trust import check_checkpoint_imports
+    from srforge.runtime.checkpoint import load_checkpoint
+
+    if resume is None:
+        return load_config(config or "configs/quickstart.yaml", overrides)
+    resume_path = Path(resume)
+    folder = resume_path if resume_path.is_dir() else resume_path.parent
+    checkpoint = resume_path / "last.pt" if resume_path.is_dir() else resume_path
+    ckpt = load_checkpoint(checkpoint)  # refuses what is not a well-formed srforge checkpoint, before any write
+    if config is not None:
+        cfg = load_config(config, overrides)
+    else:
+        if not isinstance(ckpt.get("config"), dict):
+            raise ConfigError(f"{checkpoint} holds no training config; pass the run's config with --config FILE.")
+        cfg = resolve(ckpt["config"], overrides)
+        trusted = []
+        if (folder / "config.yaml").is_file():
+            trusted.append((str(folder / "config.yaml"), read_yaml_file(folder / "config.yaml") or {}))
+        trusted.append(("the command line", dict(parse_override(text) for text in overrides)))
+        check_checkpoint_imports(cfg, str(checkpoint), trusted)
+    if not _names_run_dir(overrides):
+        cfg["run"]["dir"] = str(folder)
+    return cfg
+
+
+def main_train(argv=None) -> int:
+    """Train a padding-aware U-Net from a YAML config: srforge-train --config configs/X.yaml [key.path=value ...]."""
+    from srforge.atomic import DiskFullError
+    from srforge.config import ConfigError
+    from srforge.config.preflight import check_before_training
+    from srforge.train.loop import train
+    from srforge.train.step import NonFiniteLossError
+
+    parser = argparse.ArgumentParser(prog=PROG, description=main_train.__doc__)
+    parser.add_argument(
+        "--config", help="YAML config (default: configs/quickstart.yaml, or the run's own config with --resume)"
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR|CKPT",
+        help="continue a run from RUN_DIR/last.pt or a checkpoint file, writing into RUN_DIR (or the checkpoint's "
+        "folder) unless run.dir is given",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides, values read as YAML")
+    args = parser.parse_args(argv)
+    try:
+        cfg = _train_config(args.config, args.resume, args.overrides)
+        check_before_training(cfg)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        return fail(PROG, exc)
+    try:
+        summary = train(cfg, resume=args.resume)
+    except (NonFiniteLossError, DiskFullError, ValueError, KeyboardInterrupt) as exc:
+        # ValueError: ConfigError, DataError, a mask value beyond model.num_classes: bad data, not a bug
+        return fail(PROG, exc)
+    if summary.get("val_iou") is not None:
+        per_class = ", ".join(f"{n} {v:.4f}" for n, v in zip(summary["class_names"], summary["val_iou"]))
+        print(
+            f"srforge: done. validation IoU {per_class} (mean {summary['val_mean_iou']:.4f}); "
+            f"best validation mean IoU {summary['best_mean_iou']:.4f}; run directory {summary['run_dir']}"
+        )
+    return 0
