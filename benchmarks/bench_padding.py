@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from srforge.data import layout_plot  # noqa: E402
 from srforge.data.sampling import SizeGroupedBatchSampler  # noqa: E402
 
 
 def waste(batches, sizes: np.ndarray, divisor: int) -> float:
-    aligned = -(-sizes // divisor) * divisor
-    padded = sum(len(b) * aligned[b, 0].max() * aligned[b, 1].max() for b in batches)
-    return padded / sizes.prod(axis=1).sum() - 1
+    """Padded pixels / real pixels - 1 of ``batches`` (index lists into ``sizes``), as the layout picture counts."""
+    return layout_plot.waste([layout_plot.measure(sizes[b], divisor) for b in batches])
 
 
 def pair_repeat(first, second) -> float:

@@ -1,9 +1,8 @@
 """Pictures of the batching: the first batches as the trainer forms them, and the size distribution.
 
 Padding waste is a percentage until one sees it. :func:`batch_layout` splits the sizes and batches the training
-side exactly as ``srforge.train.loop.build_data`` and the trainer's sampler do (``size_stratified_split``,
-then ``SizeGroupedBatchSampler`` at epoch 0, same seed), and measures every batch in pixels. :func:`draw_batch_layout`
-draws it with Pillow:
+side with the trainer's own functions (``train_val_indices``, then ``training_sampler`` at epoch 0, same
+seed), and measures every batch in pixels. :func:`draw_batch_layout` draws it with Pillow:
 
 - left, the first batches: each a column of slots ``Hp x Wp`` (the batch maximum of aligned sizes), every scan
   at its true extent in the top-left corner of its slot (blue), its alignment gutter up to the next multiple of
@@ -28,7 +27,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from srforge.atomic import atomic_write
-from srforge.data.sampling import SizeGroupedBatchSampler, size_stratified_split
+from srforge.data.sampling import aligned_sizes, train_val_indices, training_sampler
 from srforge.geometry import divisor_pair, round_up
 
 COLORS = {
@@ -101,8 +100,7 @@ class BatchLayout:
 def measure(sizes, divisor, indices=None) -> BatchPixels:
     """A batch of scans of true ``sizes`` [n, 2], padded as AlignedCollate(divisor) pads it."""
     sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
-    dh, dw = divisor_pair(divisor)
-    aligned = np.stack([round_up(sizes[:, 0], dh), round_up(sizes[:, 1], dw)], axis=1)
+    aligned = aligned_sizes(sizes, divisor)
     shape = (int(aligned[:, 0].max()), int(aligned[:, 1].max()))
     return BatchPixels(tuple(range(len(sizes))) if indices is None else tuple(indices), sizes, aligned, shape)
 
@@ -132,20 +130,10 @@ def batch_layout(
     ``shuffles`` random batchings of the same batch lengths give the random-batching comparison.
     """
     array = np.asarray(list(sizes), dtype=np.int64).reshape(-1, 2)
-    if val_fraction:
-        train, val = size_stratified_split(array.tolist(), val_fraction, seed=seed)
-    else:
-        train, val = list(range(len(array))), []
+    train, val = train_val_indices(array.tolist(), val_fraction, seed)
     train_sizes = array[train]
-    sampler = SizeGroupedBatchSampler(
-        train_sizes.tolist(),
-        batch_size=batch_size,
-        max_pixels=max_pixels,
-        divisor=divisor,
-        shuffle=True,
-        seed=seed,
-        **sampler_options,
-    )
+    grouping = {"batch_size": batch_size, "max_pixels": max_pixels, "divisor": divisor}
+    sampler = training_sampler(train_sizes.tolist(), seed=seed, **grouping, **sampler_options)
     sampler.set_epoch(0)
     batches = [measure(train_sizes[b], divisor, b) for b in sampler]
     lengths = np.cumsum([len(b.indices) for b in batches])[:-1]

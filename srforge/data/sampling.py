@@ -26,6 +26,13 @@ def _as_sizes(sizes) -> np.ndarray:
     return array
 
 
+def aligned_sizes(sizes, divisor: int | Sequence[int]) -> np.ndarray:
+    """int64 [n, 2]: each (H, W) of ``sizes`` rounded up to ``divisor`` (int or (dh, dw)), as AlignedCollate pads it."""
+    array = _as_sizes(sizes)
+    dh, dw = divisor_pair(divisor)
+    return np.stack([round_up(array[:, 0], dh), round_up(array[:, 1], dw)], axis=1)
+
+
 def _grouped_order(aligned: np.ndarray, pool: np.ndarray, batch_size: int, rng, jitter: float) -> np.ndarray:
     """Order one pool of indices so that consecutive ones have similar aligned sizes.
 
@@ -144,8 +151,7 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         self.sizes = _as_sizes(sizes)
         if len(self.sizes) == 0:
             raise ValueError("SizeGroupedBatchSampler got no sizes: the dataset is empty")
-        dh, dw = divisor_pair(divisor)
-        self.aligned = np.stack([round_up(self.sizes[:, 0], dh), round_up(self.sizes[:, 1], dw)], axis=1)
+        self.aligned = aligned_sizes(self.sizes, divisor)
         self.batch_size, self.max_pixels = batch_size, max_pixels
         # Pools are whole batches in batch_size mode, so only the epoch's last batch can be short.
         step = batch_size or 1
@@ -206,3 +212,21 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return len(self._rank_batches())
+
+
+def train_val_indices(sizes, val_fraction: float | None, seed: int) -> tuple[list[int], list[int]]:
+    """(train, val) indices of one dataset as the trainer splits it: by size (:func:`size_stratified_split`)
+    when ``val_fraction`` is set, else every index trains (a separate validation set)."""
+    if val_fraction:
+        return size_stratified_split(sizes, val_fraction, seed=seed)
+    return list(range(len(_as_sizes(sizes)))), []
+
+
+def training_sampler(
+    sizes, *, divisor, seed: int, batch_size=None, max_pixels=None, **options
+) -> SizeGroupedBatchSampler:
+    """The sampler the trainer draws its training batches from: size-grouped, shuffled by ``seed`` and epoch.
+    ``options`` (num_replicas, rank, pool_size, jitter) go to SizeGroupedBatchSampler."""
+    return SizeGroupedBatchSampler(
+        sizes, batch_size=batch_size, max_pixels=max_pixels, divisor=divisor, shuffle=True, seed=seed, **options
+    )
