@@ -69,3 +69,96 @@ def test_the_private_name_check_catches_both_forms(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("from srforge.data.entry import _kind, Entry\nEntry._index(None, 0)\n")
     assert len(_private_uses(bad)) == 2
+
+
+def _srforge_imports(path: Path) -> set[str]:
+    """Every srforge module ``path`` imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("srforge"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("srforge"))
+    return found
+
+
+# (package, packages it must never import): the layers of DESIGN.md, imports running downward only.
+NEVER = [
+    ("train", ("srforge.predict", "srforge.export", "srforge.cli")),
+    ("predict", ("srforge.train", "srforge.export", "srforge.cli")),
+    ("export", ("srforge.train", "srforge.predict", "srforge.cli")),
+    ("models", ("srforge.data", "srforge.train", "srforge.predict", "srforge.runtime", "srforge.config")),
+    ("runtime", ("srforge.train", "srforge.predict", "srforge.export", "srforge.cli", "srforge.config")),
+    ("data", ("srforge.train", "srforge.predict", "srforge.export", "srforge.cli", "srforge.runtime")),
+    ("config", ("srforge.train", "srforge.predict", "srforge.export", "srforge.cli")),
+]
+
+
+@pytest.mark.parametrize("package, forbidden", NEVER, ids=[p for p, _ in NEVER])
+def test_layers_import_downward_only(package, forbidden):
+    crossing = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in sorted((PACKAGE / package).rglob("*.py"))
+        for name in sorted(_srforge_imports(path))
+        if name.startswith(forbidden)
+    ]
+    assert crossing == []
+
+
+def test_the_layer_check_sees_imports_inside_functions(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from srforge.predict import Predictor\n")
+    assert "srforge.predict" in _srforge_imports(bad)
+
+
+MAX_LINES, MAX_PARAMETERS = 60, 10
+
+
+def _too_long_or_wide(path: Path) -> list[str]:
+    """Functions over MAX_LINES lines (``def`` to the last line) or with more than MAX_PARAMETERS parameters
+    (self and cls not counted; a public class's ``__init__`` may take more, but only as keyword-only options)."""
+    found = []
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        args = node.args
+        positional = [*args.posonlyargs, *args.args]
+        if positional and positional[0].arg in ("self", "cls"):
+            positional = positional[1:]
+        counted = len(positional) if node.name == "__init__" else len(positional) + len(args.kwonlyargs)
+        lines = node.end_lineno - node.lineno + 1
+        if lines > MAX_LINES:
+            found.append(f"{path.name}:{node.lineno} {node.name} is {lines} lines long")
+        if counted > MAX_PARAMETERS:
+            found.append(f"{path.name}:{node.lineno} {node.name} takes {counted} parameters")
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_functions_are_short_and_take_few_parameters(path):
+    assert _too_long_or_wide(path) == []
+
+
+def test_the_length_check_counts_lines_and_parameters(tmp_path):
+    bad = tmp_path / "bad.py"
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
+    params = ", ".join(f"a{i}" for i in range(MAX_PARAMETERS + 1))
+    options = "class C:\n    def __init__(self, *, " + params + "):\n        pass\n"  # keyword-only: allowed
+    bad.write_text(f"def long():\n{body}\n\ndef wide({params}):\n    pass\n\n{options}")
+    assert _too_long_or_wide(bad) == [
+        f"bad.py:1 long is {MAX_LINES + 1} lines long",
+        f"bad.py:{MAX_LINES + 3} wide takes {MAX_PARAMETERS + 1} parameters",
+    ]
+
+
+@pytest.mark.parametrize("package", sorted({p.parent for p in PACKAGE.rglob("*.py")}), ids=lambda p: p.name)
+def test_every_package_names_its_public_api(package):
+    init = package / "__init__.py"
+    assert init.is_file(), f"{package} has no __init__.py"
+    tree = ast.parse(init.read_text())
+    assert ast.get_docstring(tree), f"{init} has no docstring"
+    assigned = [node for node in tree.body if isinstance(node, ast.Assign)]
+    names = [target.id for node in assigned for target in node.targets if isinstance(target, ast.Name)]
+    assert "__all__" in names, f"{init} defines no __all__"

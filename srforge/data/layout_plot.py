@@ -265,6 +265,44 @@ def _histogram(draw: ImageDraw.ImageDraw, layout: BatchLayout, x: int, y: int, f
     draw.text((middle, y + plot_h + 2), "W (px)", fill=COLORS["text"], font=font)
 
 
+def _draw_batches(draw: ImageDraw.ImageDraw, shown: list[BatchPixels], k: int, font) -> list[tuple[int, int, int, int]]:
+    """The left panel: each batch's label and slots, top to bottom; returns each batch's box."""
+    x, y = MARGIN, MARGIN + HEADER
+    boxes = []
+    for number, batch in enumerate(shown, start=1):
+        label = (
+            f"batch {number}: {len(batch.indices)} scans, {batch.shape[0]} x {batch.shape[1]}, waste "
+            f"{batch.waste:.1%} (gutters {batch.alignment / batch.real:.1%}, padding {batch.padding / batch.real:.1%})"
+        )
+        draw.text((x, y), label, fill=COLORS["text"], font=font)
+        boxes.append(_draw_batch(draw, batch, x, y + LINE, k))
+        y = boxes[-1][3] + BATCH_GAP
+    return boxes
+
+
+def _draw_sizes_panel(draw: ImageDraw.ImageDraw, layout: BatchLayout, width: int, divisor: str, num_batches: int, font):
+    """The right panel: the size histogram, the legend and the totals."""
+    left_w = width - 2 * MARGIN - PANEL_GAP - HIST_AXIS - HIST_WIDTH
+    hx, hy = MARGIN + left_w + PANEL_GAP + HIST_AXIS, MARGIN + HEADER
+    draw.text((hx - HIST_AXIS, hy), "sizes: W against H, train / validation", fill=COLORS["text"], font=font)
+    _histogram(draw, layout, hx, hy + LINE, font)
+    legend = [
+        ("scan", "scan: real pixels"),
+        ("gutter", f"alignment gutter: up to a multiple of {divisor}"),
+        ("padding", "batch padding: up to the batch maximum"),
+        ("train", "train sizes (histogram; lines: multiples of the divisor)"),
+        ("val", "validation sizes (a cell holding both mixes the two colours)"),
+    ]
+    ly = hy + LINE + HIST_HEIGHT + 2 * LINE
+    for color, text in legend:
+        draw.rectangle([hx - HIST_AXIS, ly + 2, hx - HIST_AXIS + 9, ly + 11], fill=COLORS[color])
+        draw.text((hx - HIST_AXIS + 16, ly), text, fill=COLORS["text"], font=font)
+        ly += LINE
+    for text in ["waste = padded pixels / real pixels - 1", *totals(layout, num_batches)]:
+        draw.text((hx - HIST_AXIS, ly), text, fill=COLORS["text"], font=font)
+        ly += LINE
+
+
 def draw_batch_layout(
     layout: BatchLayout, num_batches: int = 4, scale: int | None = None
 ) -> tuple[Image.Image, list[tuple[int, int, int, int]]]:
@@ -296,35 +334,8 @@ def draw_batch_layout(
         fill=COLORS["text"],
         font=font,
     )
-    x, y = MARGIN, MARGIN + HEADER
-    boxes = []
-    for number, batch in enumerate(shown, start=1):
-        label = (
-            f"batch {number}: {len(batch.indices)} scans, {batch.shape[0]} x {batch.shape[1]}, waste "
-            f"{batch.waste:.1%} (gutters {batch.alignment / batch.real:.1%}, padding {batch.padding / batch.real:.1%})"
-        )
-        draw.text((x, y), label, fill=COLORS["text"], font=font)
-        boxes.append(_draw_batch(draw, batch, x, y + LINE, k))
-        y = boxes[-1][3] + BATCH_GAP
-    left_w = canvas_size(layout, k, num_batches)[0] - 2 * MARGIN - PANEL_GAP - HIST_AXIS - HIST_WIDTH
-    hx, hy = MARGIN + left_w + PANEL_GAP + HIST_AXIS, MARGIN + HEADER
-    draw.text((hx - HIST_AXIS, hy), "sizes: W against H, train / validation", fill=COLORS["text"], font=font)
-    _histogram(draw, layout, hx, hy + LINE, font)
-    legend = [
-        ("scan", "scan: real pixels"),
-        ("gutter", f"alignment gutter: up to a multiple of {divisor}"),
-        ("padding", "batch padding: up to the batch maximum"),
-        ("train", "train sizes (histogram; lines: multiples of the divisor)"),
-        ("val", "validation sizes (a cell holding both mixes the two colours)"),
-    ]
-    ly = hy + LINE + HIST_HEIGHT + 2 * LINE
-    for color, text in legend:
-        draw.rectangle([hx - HIST_AXIS, ly + 2, hx - HIST_AXIS + 9, ly + 11], fill=COLORS[color])
-        draw.text((hx - HIST_AXIS + 16, ly), text, fill=COLORS["text"], font=font)
-        ly += LINE
-    for text in ["waste = padded pixels / real pixels - 1", *totals(layout, num_batches)]:
-        draw.text((hx - HIST_AXIS, ly), text, fill=COLORS["text"], font=font)
-        ly += LINE
+    boxes = _draw_batches(draw, shown, k, font)
+    _draw_sizes_panel(draw, layout, canvas_size(layout, k, num_batches)[0], divisor, num_batches, font)
     return image, boxes
 
 

@@ -126,9 +126,10 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
     README's performance section has the figures.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (keyword-only options, like DataLoader's)
         self,
         sizes,
+        *,
         batch_size: int | None = None,
         max_pixels: int | None = None,
         divisor: int | Sequence[int] = 32,

@@ -60,26 +60,10 @@ def _gaps(rng, width: int) -> np.ndarray:
     return gap
 
 
-def welllog_scan(
-    index: int, seed: int = 0, scale: float = 1.0, classes: str = "binary"
-) -> tuple[np.ndarray, np.ndarray]:
-    """One synthetic scan: image uint8 [H, W, 3] and mask uint8 [H, W] (0 background; 1 curve, or 1-3 by style)."""
-    if classes not in CLASSES:
-        raise ValueError(f"classes must be one of {sorted(CLASSES)}, got {classes!r}")
-    if scale <= 0:
-        raise ValueError(f"scale must be positive, got {scale}")
-    rng = np.random.default_rng([seed, index])
-    h = _length(rng.integers(480, 641), scale, minimum=8)
-    w = _length(rng.integers(3200, 12801), scale, minimum=8)
-    paper = np.array([rng.uniform(232, 250), rng.uniform(228, 246), rng.uniform(210, 238)], np.float32)
-    image = np.empty((h, w, 3), np.float32)
-    image[:] = paper
-    image += rng.standard_normal((h, w, 1), dtype=np.float32) * rng.uniform(2, 7)
-    mask = np.zeros((h, w), np.uint8)
-    grid_ink = paper * rng.uniform(0.55, 0.8)
-
-    # Depth grid: thin lines every `step` columns, a heavier one every fifth.
-    # Shrunken scans show thin lines fainter, as downsampling a real scan would.
+def _draw_grid(rng, image: np.ndarray, grid_ink: np.ndarray, scale: float) -> np.ndarray:
+    """Depth grid into image [H, W, 3]: thin lines every ``step`` columns, a heavier one every fifth (returned).
+    Shrunken scans show thin lines fainter, as downsampling a real scan would."""
+    w = image.shape[1]
     fade = min(1.0, 4 * scale)
     step = _length(rng.uniform(18, 40), scale, minimum=5)
     phase = int(rng.integers(step))
@@ -89,8 +73,12 @@ def welllog_scan(
     image[:, heavy] = image[:, heavy] * (0.5 - 0.5 * fade) + grid_ink * (0.5 + 0.5 * fade)
     if scale >= 0.5:
         image[:, np.minimum(heavy + 1, w - 1)] = grid_ink
+    return heavy
 
-    # Tracks stacked across the height, a header strip on top for labels.
+
+def _draw_tracks(rng, image: np.ndarray, grid_ink: np.ndarray, scale: float) -> tuple[int, np.ndarray]:
+    """Tracks stacked across the height, a header strip on top for labels: (header height, track borders)."""
+    h = image.shape[0]
     header = _length(rng.uniform(18, 30), scale, minimum=1) if h >= 40 else 0
     n_tracks = int(rng.integers(2, 5))
     borders = np.linspace(header, h - 1, n_tracks + 1).round().astype(int)
@@ -99,7 +87,12 @@ def welllog_scan(
         image[scale_lines, :] = image[scale_lines, :] * 0.6 + grid_ink * 0.4
     image[borders, :] = grid_ink * 0.6
     image[0, :], image[:, 0], image[:, -1] = grid_ink * 0.6, grid_ink * 0.6, grid_ink * 0.6
+    return header, borders
 
+
+def _draw_curves(rng, image: np.ndarray, mask: np.ndarray, borders: np.ndarray, scale: float, classes: str) -> None:
+    """One to four curves per track into image [H, W, 3] and their class into mask [H, W]."""
+    w = image.shape[1]
     for top, bottom in zip(borders[:-1], borders[1:]):
         inner_top, inner_bottom = top + 2, bottom - 2
         if inner_bottom <= inner_top:
@@ -117,21 +110,28 @@ def welllog_scan(
             image[rows][drawn] = np.array(_INKS[rng.integers(len(_INKS))], np.float32) + rng.normal(0, 8, 3)
             mask[rows][drawn] = 1 if classes == "binary" else STYLES.index(style) + 1
 
-    rgb = Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
-    if header >= 12:  # the default font needs ~11 px; smaller scans simply go without labels
-        draw = ImageDraw.Draw(rgb)
-        ink = tuple(int(c) for c in grid_ink * 0.5)
-        depth0 = int(rng.integers(500, 9000))
-        for k, x in enumerate(heavy):
-            draw.text((int(x) + 2, 1), str(depth0 + 10 * k), fill=ink)
-        for top in borders[:-1]:
-            draw.text((4, int(top) + 2), _TRACK_NAMES[rng.integers(len(_TRACK_NAMES))], fill=ink)
-        for k in range(int(rng.integers(0, 3))):
-            if w > 100:  # depth labels printed inside the tracks as well, over the curves
-                at = (int(rng.integers(w - 60)), int(rng.integers(header, h - 12)))
-                draw.text(at, str(depth0 + 50 * k), fill=ink)
 
-    # The same slight skew (depth axis drifting across the scan) for image and mask, then blur the image only.
+def _draw_labels(rng, rgb: Image.Image, grid_ink: np.ndarray, header: int, heavy, borders) -> None:
+    """Depth numbers along the header and track names; none when the header is too small for the font."""
+    if header < 12:  # the default font needs ~11 px; smaller scans simply go without labels
+        return
+    w, h = rgb.size
+    draw = ImageDraw.Draw(rgb)
+    ink = tuple(int(c) for c in grid_ink * 0.5)
+    depth0 = int(rng.integers(500, 9000))
+    for k, x in enumerate(heavy):
+        draw.text((int(x) + 2, 1), str(depth0 + 10 * k), fill=ink)
+    for top in borders[:-1]:
+        draw.text((4, int(top) + 2), _TRACK_NAMES[rng.integers(len(_TRACK_NAMES))], fill=ink)
+    for k in range(int(rng.integers(0, 3))):
+        if w > 100:  # depth labels printed inside the tracks as well, over the curves
+            at = (int(rng.integers(w - 60)), int(rng.integers(header, h - 12)))
+            draw.text(at, str(depth0 + 50 * k), fill=ink)
+
+
+def _skew_and_blur(rng, rgb: Image.Image, mask: np.ndarray, paper: np.ndarray, scale: float):
+    """The same slight skew (depth axis drifting across the scan) for image and mask, then blur the image only."""
+    w, h = rgb.size
     shear = rng.uniform(-1.5, 1.5) / w
     affine = (1, 0, 0, shear, 1, -shear * w / 2)
     rgb = rgb.transform(
@@ -144,6 +144,31 @@ def welllog_scan(
     a = float(np.exp(-1 / (2 * (rng.uniform(0.3, 0.7) * min(1.0, scale * 2)) ** 2)))
     rgb = rgb.filter(ImageFilter.Kernel((3, 3), [a * a, a, a * a, a, 1, a, a * a, a, a * a]))
     return np.asarray(rgb), np.asarray(skewed)
+
+
+def welllog_scan(
+    index: int, seed: int = 0, scale: float = 1.0, classes: str = "binary"
+) -> tuple[np.ndarray, np.ndarray]:
+    """One synthetic scan: image uint8 [H, W, 3] and mask uint8 [H, W] (0 background; 1 curve, or 1-3 by style)."""
+    if classes not in CLASSES:
+        raise ValueError(f"classes must be one of {sorted(CLASSES)}, got {classes!r}")
+    if scale <= 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+    rng = np.random.default_rng([seed, index])
+    h = _length(rng.integers(480, 641), scale, minimum=8)
+    w = _length(rng.integers(3200, 12801), scale, minimum=8)
+    paper = np.array([rng.uniform(232, 250), rng.uniform(228, 246), rng.uniform(210, 238)], np.float32)
+    image = np.empty((h, w, 3), np.float32)
+    image[:] = paper
+    image += rng.standard_normal((h, w, 1), dtype=np.float32) * rng.uniform(2, 7)
+    mask = np.zeros((h, w), np.uint8)
+    grid_ink = paper * rng.uniform(0.55, 0.8)
+    heavy = _draw_grid(rng, image, grid_ink, scale)
+    header, borders = _draw_tracks(rng, image, grid_ink, scale)
+    _draw_curves(rng, image, mask, borders, scale, classes)
+    rgb = Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
+    _draw_labels(rng, rgb, grid_ink, header, heavy, borders)
+    return _skew_and_blur(rng, rgb, mask, paper, scale)
 
 
 def _save_atomic(array: np.ndarray, path: Path) -> None:
