@@ -2,6 +2,10 @@
 
 Every PIL failure becomes a :class:`DataError` that names the file (or the archive member), so a bad scan
 deep inside a dataset or an archive is reported by name, never as a bare traceback from PIL.
+
+Images and masks are read the way viewers show them: an EXIF orientation tag (a phone photo turned on its
+side, a scan stored upside down) is applied on decoding, and sizes read from headers are the displayed sizes,
+so a mask drawn over the picture in any viewer lines up with the decoded image.
 """
 
 from __future__ import annotations
@@ -14,6 +18,19 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+
+ORIENTATION_TAG = 0x0112  # EXIF: 1 as stored; 2-8 mirrored and/or turned (see TRANSPOSES)
+# Orientation -> the transpose that shows the stored pixels upright, as every viewer does.
+TRANSPOSES = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+QUARTER_TURNS = (5, 6, 7, 8)  # orientations whose displayed width is the stored height
 
 
 class DataError(ValueError):
@@ -39,15 +56,45 @@ def open_image(source, label=None) -> Image.Image:
         ) from error
 
 
+def orientation(image: Image.Image) -> int:
+    """The EXIF orientation of an opened, not yet decoded image (1-8; 1 when it has none or an invalid one).
+
+    Read from the header only: for a PNG, the eXIf chunk before the pixel data (``getexif`` would decode the
+    pixels to look for one after them), so that sizes from headers and decoded images always agree.
+    """
+    try:
+        if image.format == "PNG":
+            exif = Image.Exif()
+            if image.info.get("exif"):
+                exif.load(image.info["exif"])
+        else:
+            exif = image.getexif()
+        value = exif.get(ORIENTATION_TAG, 1)
+    except Exception:  # a damaged EXIF block: shown as stored, as viewers do
+        return 1
+    return value if value in TRANSPOSES else 1
+
+
+def upright(image: Image.Image, turn: int) -> Image.Image:
+    """A decoded ``image`` as displayed under EXIF orientation ``turn`` (the same image for 1)."""
+    if turn not in TRANSPOSES:
+        return image
+    turned = image.transpose(TRANSPOSES[turn])
+    image.close()
+    return turned
+
+
 def _decode(source, label=None) -> Image.Image:
     label = source if label is None else label
     image = open_image(source, label)
+    turn = orientation(image)  # before load(): the same header read_size looks at
     try:
         image.load()
     except (OSError, ValueError, SyntaxError) as error:  # truncated or damaged pixel data
         image.close()
         raise DataError(f"{label}: cannot decode ({error}); the file is truncated or corrupt") from error
-    return image
+    # Some decoders (Pillow's TIFF, from version 11) turn the pixels themselves and drop the tag.
+    return upright(image, turn) if orientation(image) == turn else image
 
 
 def read_image(source, mode: str = "RGB", label=None) -> torch.Tensor:
@@ -101,9 +148,13 @@ def _mask_indices(image: Image.Image, path: Path) -> torch.Tensor:
 
 
 def read_size(source, label=None) -> tuple[int, int]:
-    """(H, W) of an image path or binary file, from its header only."""
+    """(H, W) of an image path or binary file as displayed (EXIF orientation applied), from its header only."""
     with open_image(source, label) as image:
         width, height = image.size
+        if image.format == "TIFF":  # the stored size: Pillow may already report a turned TIFF's as displayed
+            width, height = image.tag_v2.get(256, width), image.tag_v2.get(257, height)
+        if orientation(image) in QUARTER_TURNS:
+            width, height = height, width
     return height, width
 
 

@@ -26,7 +26,7 @@ from srforge.data.adapter import FieldView
 from srforge.data.images import DataError, read_size
 from srforge.data.naming import posix_name
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: sizes as displayed, EXIF orientation applied
 FILES_KEY = "files"  # the key of a cache of file headers
 
 
