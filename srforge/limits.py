@@ -20,17 +20,21 @@ MAX_CHECKPOINT_CONFIG = 16_000_000
 
 
 def class_names_problem(names: Any) -> str | None:
-    """Why ``names`` is not a list of at most MAX_CLASS_NAMES strings of 1 to MAX_CLASS_NAME_LENGTH
+    """Why ``names`` is not a list of at most MAX_CLASS_NAMES distinct strings of 1 to MAX_CLASS_NAME_LENGTH
     characters (None when it is). Looks at each item once, so a list built of shared parts is not expanded."""
     if not isinstance(names, (list, tuple)):
         return f"expected a list of class names, found {type(names).__name__}"
     if len(names) > MAX_CLASS_NAMES:
         return f"expected at most {MAX_CLASS_NAMES} class names, found {len(names)}"
+    first: dict[str, int] = {}
     for i, name in enumerate(names):
         if not isinstance(name, str):
             return f"class name {i} must be a string, found {type(name).__name__}"
         if not 1 <= len(name) <= MAX_CLASS_NAME_LENGTH:
             return f"class name {i} must have 1 to {MAX_CLASS_NAME_LENGTH} characters, found {len(name)}"
+        if name in first:  # report columns and overlays are keyed by name
+            return f"class name {i} {name!r} repeats class name {first[name]}; every class needs its own name"
+        first[name] = i
     return None
 
 

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from srforge.constants import IGNORE_INDEX
 from srforge.data.entry import Entry
-from srforge.data.images import invalid_mask_values
+from srforge.data.images import DataError, invalid_mask_values
 
 CANONICAL = ("image", "mask", "name")
 
@@ -74,14 +74,24 @@ class FieldView(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, i: int) -> Entry:
-        index = self.indices[i]
-        sample = self.dataset[index]
+    def _sample(self, index: int) -> Mapping:
+        """``dataset[index]``; whatever it raises, or a sample that is not a mapping, is a DataError naming it."""
+        where = f"{type(self.dataset).__name__}[{index}]"
+        try:
+            sample = self.dataset[index]
+        except Exception as error:  # the user's __getitem__: name the sample, keep the cause
+            hint = f" (its __len__ is {len(self.dataset)})" if isinstance(error, IndexError) else ""
+            raise DataError(f"{where} raised {type(error).__name__}: {error}{hint}") from error
         if not isinstance(sample, Mapping):
-            raise TypeError(
-                f"{type(self.dataset).__name__}[{index}] returned a {type(sample).__name__}; "
+            raise DataError(
+                f"{where} returned a {type(sample).__name__}; "
                 "srforge needs an Entry or dict with image and mask fields (see data.fields)."
             )
+        return sample
+
+    def __getitem__(self, i: int) -> Entry:
+        index = self.indices[i]
+        sample = self._sample(index)
         entry = Entry()
         renamed = {v: k for k, v in self.fields.items()}
         for key, value in sample.items():
@@ -90,7 +100,7 @@ class FieldView(Dataset):
             )
         for key in ("image", "mask"):
             if key not in entry:
-                raise KeyError(
+                raise DataError(
                     f"{type(self.dataset).__name__}[{index}] has no field '{self.fields[key]}' for the {key}; "
                     f"it has {sorted(map(str, sample.keys()))}. Set data.fields.{key} to the right name."
                 )
@@ -114,9 +124,15 @@ class FieldView(Dataset):
         return entry
 
     def _check_mask(self, mask: torch.Tensor, index: int, name: str) -> None:
+        if mask.is_floating_point() and not bool(torch.equal(mask, mask.round())):
+            values = mask[mask != mask.round()].unique()[:5].tolist()
+            raise DataError(
+                f"{type(self.dataset).__name__}[{index}] ('{name}'): mask values {values} are not whole numbers; "
+                "a mask holds class ids. Return an integer mask (e.g. mask.round().long() if that is meant)."
+            )
         bad = invalid_mask_values(mask, self.num_classes, self.ignore_index)
         if bad:
-            raise ValueError(
+            raise DataError(
                 f"{type(self.dataset).__name__}[{index}] ('{name}'): mask values {bad[:10]} are not classes of "
                 f"model.num_classes={self.num_classes} (0..{self.num_classes - 1}) nor the ignore index "
                 f"{self.ignore_index}. Fix the mask or set model.num_classes / data.ignore_index."

@@ -1,0 +1,93 @@
+"""Careless custom Datasets and labels, round three: every mistake is exit status 2 with a message naming the
+sample, never a traceback, and nothing silently wrong (a float mask truncated, two classes with one name)."""
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from torch.utils.data import Dataset
+
+from srforge.cli import main_train
+from srforge.config import ConfigError, resolve
+from srforge.data.adapter import FieldView
+from srforge.data.images import DataError
+
+
+class Careless(Dataset):
+    """Four tiny scans; ``mistake`` picks what goes wrong."""
+
+    def __init__(self, mistake="none", n=4):
+        self.mistake, self.n = mistake, n
+
+    def __len__(self):
+        return self.n + (2 if self.mistake == "long" else 0)
+
+    def __getitem__(self, i):
+        if i >= self.n:
+            raise IndexError(f"index {i} out of range")
+        if self.mistake == "raises" and i == 2:
+            raise RuntimeError("scan 2 is on a disk that went away")
+        labels = np.zeros((8, 16), np.float32 if self.mistake.startswith("float") else np.int64)
+        labels[4, 1:15] = {"float": 0.6, "float_whole": 1.0}.get(self.mistake, 1)
+        scan = np.repeat(np.where(labels > 0, 30, 220)[None], 3, 0).astype(np.uint8)
+        if self.mistake == "tuple":
+            return scan, labels
+        return {"id": f"careless_{i}", "scan": scan, "labels": labels}
+
+
+FIELDS = {"image": "scan", "mask": "labels", "name": "id"}
+
+
+def view(mistake):
+    return FieldView(Careless(mistake), FIELDS, num_classes=2)
+
+
+def test_a_float_mask_with_fractions_is_refused_naming_the_sample():
+    with pytest.raises(DataError, match=r"Careless\[0\] \('careless_0'\): mask values \[0\.6\d*\] are not whole"):
+        view("float")[0]
+    mask = view("float_whole")[0].mask  # whole numbers stored as floats are class ids
+    assert mask.dtype == torch.uint8 and int(mask.max()) == 1
+
+
+@pytest.mark.parametrize(
+    "mistake, message",
+    [
+        ("tuple", r"Careless\[0\] returned a tuple"),
+        ("raises", r"Careless\[2\] raised RuntimeError: scan 2 is on a disk that went away"),
+        ("long", r"Careless\[4\] raised IndexError: index 4 out of range \(its __len__ is 6\)"),
+    ],
+)
+def test_dataset_mistakes_are_data_errors_naming_the_sample(mistake, message):
+    samples = view(mistake)
+    with pytest.raises(DataError, match=message):
+        for i in range(len(samples)):
+            samples[i]
+
+
+def test_a_field_name_that_is_not_there_names_the_setting():
+    samples = FieldView(Careless(), {**FIELDS, "mask": "label"}, num_classes=2)
+    with pytest.raises(DataError, match=r"has no field 'label' for the mask.*Set data.fields.mask"):
+        samples[0]
+
+
+@pytest.mark.parametrize("mistake", ["tuple", "raises", "long", "float"])
+def test_train_ends_with_status_2_and_the_sample_named(mistake, tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "careless_data.py").write_text(
+        "from test_hostile_data import Careless  # noqa: F401\n"
+    )
+    config = {
+        "run": {"dir": str(tmp_path / "run"), "device": "cpu"},
+        "data": {"dataset": {"class": "careless_data:Careless", "args": {"mistake": mistake}}, "fields": FIELDS},
+        "model": {"base_channels": 4, "depth": 2},
+        "train": {"epochs": 1},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main_train(["--config", str(tmp_path / "config.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "srforge-train: error: Careless[" in err and "Traceback" not in err
+
+
+def test_duplicate_class_names_are_refused():
+    with pytest.raises(ConfigError, match=r"model.class_names: class name 1 'bg' repeats class name 0"):
+        resolve({"model": {"num_classes": 2, "class_names": ["bg", "bg"]}})
