@@ -107,6 +107,7 @@ class FieldView(Dataset):
         if "name" not in entry:
             entry["name"] = f"{index:06d}"
         entry["name"] = str(entry["name"])
+        self._check_image(entry["image"], index, entry["name"])
         if self.num_classes is not None:
             mask = torch.as_tensor(entry["mask"])
             self._check_mask(mask, index, entry["name"])
@@ -122,6 +123,16 @@ class FieldView(Dataset):
                 )
                 entry = self.augment(entry)
         return entry
+
+    def _check_image(self, image, index: int, name: str) -> None:
+        """Float images hold values in [0, 1] (uint8 ones 0..255): a float image above 1 is a DataError."""
+        if isinstance(image, torch.Tensor) and image.is_floating_point() and image.numel():
+            top = float(image.max())
+            if top > 1.0 + 1e-3:
+                raise DataError(
+                    f"{type(self.dataset).__name__}[{index}] ('{name}'): a float image must hold values in [0, 1], "
+                    f"found a maximum of {top:g}; return uint8 (0..255) or divide by 255."
+                )
 
     def _check_mask(self, mask: torch.Tensor, index: int, name: str) -> None:
         if mask.is_floating_point() and not bool(torch.equal(mask, mask.round())):

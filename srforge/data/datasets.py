@@ -7,6 +7,7 @@ cost no decoding. Every bad file is a DataError that names it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import torch
 
 from srforge.constants import IGNORE_INDEX
 from srforge.data.entry import Entry
-from srforge.data.images import DataError, invalid_mask_values, read_image, read_mask
+from srforge.data.images import DataError, DataWarning, invalid_mask_values, read_image, read_mask
 from srforge.data.naming import find_pairs
 from srforge.data.sizes import measure_sizes
 
@@ -109,13 +110,23 @@ def check_folder(
         pairs, problems = find_pairs(root, images, masks)
     except DataError as error:
         return 0, [str(error)]
+    seen: set[int] = set()  # every mask value of the folder
     for _, image_path, mask_path in pairs:
         decoded = []
         for read, path in ((lambda p: read_image(p, image_mode), image_path), (read_mask, mask_path)):
-            try:
-                decoded.append(read(path))
-            except DataError as error:
-                problems.append(str(error))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", DataWarning)
+                try:
+                    decoded.append(read(path))
+                except DataError as error:
+                    problems.append(str(error))
+            problems += [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
         if len(decoded) == 2:
             problems += pair_problems(image_path, decoded[0], mask_path, decoded[1], num_classes, ignore_index)
+            seen.update(torch.unique(decoded[1]).tolist())
+    if ignore_index in seen and seen <= {0, ignore_index}:
+        problems.append(
+            f"{root}: every mask holds only 0 and {ignore_index} (the ignore index), so no pixel of any class but 0 "
+            f"is learned; if {ignore_index} marks the foreground (masks saved as 0/255), save it as class 1"
+        )
     return len(pairs), problems

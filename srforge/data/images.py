@@ -84,9 +84,16 @@ def upright(image: Image.Image, turn: int) -> Image.Image:
     return turned
 
 
+class DataWarning(UserWarning):
+    """A file that decodes but may not hold what was meant (a multi-page TIFF, a lossy mask); names the file."""
+
+
 def _decode(source, label=None) -> Image.Image:
     label = source if label is None else label
     image = open_image(source, label)
+    pages = getattr(image, "n_frames", 1)
+    if pages > 1:
+        warnings.warn(f"{label}: has {pages} pages; srforge reads the first one only", DataWarning, stacklevel=3)
     turn = orientation(image)  # before load(): the same header read_size looks at
     try:
         image.load()
@@ -132,6 +139,12 @@ def read_mask(path) -> torch.Tensor:
     """
     path = Path(path)
     with _decode(path) as image:
+        if image.format == "JPEG":
+            warnings.warn(
+                f"{path}: a JPEG mask is lossy (class ids change along every edge); save masks as PNG",
+                DataWarning,
+                stacklevel=2,
+            )
         return _mask_indices(image, path)
 
 
