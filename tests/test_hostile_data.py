@@ -143,3 +143,35 @@ def test_a_float_image_above_1_is_refused_naming_the_sample():
         FieldView(scans, FIELDS, num_classes=2)[0]
     scans.divide = 255.0
     assert FieldView(scans, FIELDS, num_classes=2)[0].image.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["zip", "tar.gz", "tar"])
+def test_a_truncated_archive_is_called_damaged_not_unknown(kind, tmp_path):
+    import io
+    import tarfile
+    import zipfile
+
+    from srforge.data.archive import archive_kind
+
+    path = tmp_path / f"scans.{kind}"
+    payload = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    if kind == "zip":
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("a.png", payload)
+    else:
+        with tarfile.open(path, "w:gz" if kind == "tar.gz" else "w") as tf:
+            info = tarfile.TarInfo("a.png")
+            info.size = len(payload)
+            tf.addfile(info, io.BytesIO(payload))
+    data = path.read_bytes()
+    path.write_bytes(data[: 300 if kind != "tar.gz" else 20])
+    with pytest.raises(ValueError, match=r"starts as a .*(zip|tar).* truncated or damaged"):
+        archive_kind(path)
+
+
+def test_a_checkpoint_folder_is_named_as_a_folder(tmp_path):
+    from srforge.runtime.checkpoint import load_checkpoint
+
+    (tmp_path / "last.pt").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match=r"is a folder, not a checkpoint file; it holds last.pt"):
+        load_checkpoint(tmp_path)

@@ -99,9 +99,38 @@ def archive_kind(path: Path) -> str:
         raise FileNotFoundError(f"input not found: {path} (expected {ARCHIVE_KINDS})")
     if zipfile.is_zipfile(path):
         return "zip"
-    if tarfile.is_tarfile(path):
+    if _is_tar(path):
         return "tar"
+    damaged = _damaged_archive(path)
+    if damaged:
+        raise ValueError(
+            f"{path} starts as a {damaged} but cannot be read as one: it is truncated or damaged; copy it again"
+        )
     raise ValueError(f"{path} is neither a folder, a zip nor a tar archive (expected {ARCHIVE_KINDS})")
+
+
+def _is_tar(path: Path) -> bool:
+    try:
+        return tarfile.is_tarfile(path)
+    except (EOFError, OSError, tarfile.TarError):  # a gzip stream cut short raises instead of answering
+        return False
+
+
+# The first bytes of the archive formats srforge reads: a file that starts so but does not open is damaged.
+_MAGIC = {b"PK\x03\x04": "zip archive", b"PK\x05\x06": "zip archive", b"\x1f\x8b": "gzip-compressed tar archive"}
+
+
+def _damaged_archive(path: Path) -> str | None:
+    """The kind of archive ``path`` starts as (by its first bytes, or a tar header at byte 257), if any."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(265)
+    except OSError:
+        return None
+    for magic, kind in _MAGIC.items():
+        if head.startswith(magic):
+            return kind
+    return "tar archive" if head[257:262] == b"ustar" else None
 
 
 class ScanArchive:

@@ -45,6 +45,12 @@ def class_names_or_default(names, num_classes: int) -> list[str]:
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
     """Read an srforge checkpoint with ``weights_only=True``; a clear ValueError for anything else."""
     path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.pt"))
+        inside = f"; it holds {', '.join(found)}" if found else ", and holds no .pt file"
+        raise FileNotFoundError(
+            f"{path} is a folder, not a checkpoint file{inside}. Give a file, e.g. {path / 'best.pt'}"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint not found: {path}")
     try:
