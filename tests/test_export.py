@@ -172,3 +172,21 @@ def test_an_output_that_cannot_be_written_is_exit_status_2(tmp_path, monkeypatch
     code, _, err = _run(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "model.onnx")])
     assert code == 2 and "cannot write" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "model.onnx"]  # no temporary left
+
+
+def test_run_onnx_names_what_is_wrong_with_the_inputs_before_onnxruntime_does(exported):
+    import onnxruntime
+
+    from srforge.export.onnx import run_onnx
+
+    model, path, _ = exported
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    image = np.zeros((1, 3, 16, 24), np.uint8)
+    sizes = np.array([[12, 20]], np.int64)
+    assert run_onnx(session, image, sizes).shape == (1, 3, 16, 24)
+    with pytest.raises(ValueError, match=r"multiples of the size divisor 8, found 15 x 24; pad each scan .* 16 x 24"):
+        run_onnx(session, image[:, :, :15], sizes)
+    with pytest.raises(ValueError, match=r"sizes\[0\] = \(17, 20\): a true size must lie within the image"):
+        run_onnx(session, image, np.array([[17, 20]], np.int64))
+    with pytest.raises(ValueError, match=r"image: expected \[B, 3, H, W\], found \[1, 1, 16, 24\]"):
+        run_onnx(session, image[:, :1], sizes)

@@ -1,5 +1,5 @@
 """Export a trained model to ONNX (dynamic batch, H and W) and check it in onnxruntime."""
 
-from srforge.export.onnx import check_onnx, export_onnx
+from srforge.export.onnx import check_inputs, check_onnx, export_onnx, run_onnx
 
-__all__ = ["check_onnx", "export_onnx"]
+__all__ = ["check_inputs", "check_onnx", "export_onnx", "run_onnx"]

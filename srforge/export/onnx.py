@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -107,6 +108,40 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, class_names=Non
     )
     data = program.model_proto.SerializeToString()
     return atomic_write(path, lambda f: f.write(data))
+
+
+def check_inputs(metadata: Mapping[str, str], image, sizes=None) -> None:
+    """A ValueError naming what is wrong with an exported model's inputs, before onnxruntime sees them (it would
+    answer with an opaque broadcast error): ``image`` [B, C, H, W] with C = ``in_channels`` and H, W multiples of
+    ``size_divisor``; ``sizes`` [B, 2] (padding-aware models) of true sizes between 1 and (H, W). ``metadata`` is
+    the model's ``custom_metadata_map``."""
+    d, channels = int(metadata["size_divisor"]), int(metadata["in_channels"])
+    shape = tuple(image.shape)
+    if len(shape) != 4 or shape[1] != channels:
+        raise ValueError(f"image: expected [B, {channels}, H, W], found {list(shape)}")
+    if shape[2] % d or shape[3] % d:
+        raise ValueError(
+            f"image: H and W must be multiples of the size divisor {d}, found {shape[2]} x {shape[3]}; pad each "
+            f"scan bottom-right to {-(-shape[2] // d) * d} x {-(-shape[3] // d) * d} and pass its true size in sizes"
+        )
+    if metadata.get("padding_aware") != "true":
+        return
+    if sizes is None or tuple(sizes.shape) != (shape[0], 2):
+        raise ValueError(f"sizes: expected int64 [{shape[0]}, 2], found {None if sizes is None else list(sizes.shape)}")
+    for i, (h, w) in enumerate(sizes.tolist()):
+        if not (1 <= h <= shape[2] and 1 <= w <= shape[3]):
+            raise ValueError(
+                f"sizes[{i}] = ({h}, {w}): a true size must lie within the image, 1..{shape[2]} x 1..{shape[3]}"
+            )
+
+
+def run_onnx(session, image, sizes=None):
+    """``logits`` float32 [B, K, H, W] of an exported model in an onnxruntime ``session``, after
+    :func:`check_inputs`; ``image`` uint8 and ``sizes`` int64 numpy arrays."""
+    check_inputs(session.get_modelmeta().custom_metadata_map, image, sizes)
+    names = {i.name for i in session.get_inputs()}
+    feed = {"image": image, "sizes": sizes}
+    return session.run(["logits"], {k: v for k, v in feed.items() if k in names})[0]
 
 
 def check_scans(in_channels: int, divisor: int, seed: int = 0) -> list[torch.Tensor]:
