@@ -152,12 +152,10 @@ def test_fewer_class_names_than_classes_is_exit_2(tmp_path, capsys):
     assert "2 class names for a model of 3 classes" in capsys.readouterr().err
 
 
-def test_image_mode_comes_from_the_checkpoint_or_else_its_config(tmp_path):
+def test_image_mode_comes_from_the_checkpoint(tmp_path):
     recorded = random_checkpoint(tmp_path / "new.pt", image_mode="YCbCr")
-    older = random_checkpoint(tmp_path / "old.pt", config={"data": {"dataset": {"args": {"image_mode": "HSV"}}}})
     plain = random_checkpoint(tmp_path / "plain.pt")
     assert Predictor.from_checkpoint(recorded, device="cpu").image_mode == "YCbCr"
-    assert Predictor.from_checkpoint(older, device="cpu").image_mode == "HSV"
     assert Predictor.from_checkpoint(plain, device="cpu").image_mode == "RGB"
 
 
@@ -187,6 +185,17 @@ def test_strict_stops_at_the_first_failure_and_still_lists_every_scan(tmp_path, 
         assert sorted(report) == sorted([*members(4), "a_bad.png"])
         assert report["a_bad.png"]["status"] == "failed"
         assert {report[n]["status"] for n in members(4)} == {"stopped"}
+
+
+def test_strict_with_a_rejected_member_still_lists_every_scan(tmp_path, ckpt):
+    from predict_fixtures import write_tar
+
+    source = write_tar(tmp_path / "scans.tar", members(3), links={"link.png": "/etc/passwd"})
+    assert predict(ckpt, source, tmp_path / "out", "--strict", "--workers", "0") == 1
+    report = rows(tmp_path / "out")
+    assert sorted(report) == sorted([*members(3), "link.png"])
+    assert report["link.png"]["status"] == "rejected"
+    assert {report[n]["status"] for n in members(3)} == {"stopped"}
 
 
 def test_the_cuda_budget_is_free_memory_over_bytes_per_pixel():

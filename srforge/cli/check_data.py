@@ -41,15 +41,14 @@ def main_check_data(argv=None) -> int:
 
 def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     """check_data's --plot and the batching it draws; the defaults are the trainer's (configs/quickstart.yaml)."""
-    from srforge.config import SCHEMA
+    from srforge.config import Config
 
-    def default(section: str, key: str):
-        return SCHEMA[section][key][1]
+    defaults = Config()
 
     group = parser.add_argument_group("batch-layout picture (--plot); defaults are the trainer's")
     group.add_argument("--plot", metavar="OUT.png", help="draw the first training batches and the size histogram")
     group.add_argument(
-        "--batch-size", type=int, default=default("data", "batch_size"), help="data.batch_size (default %(default)s)"
+        "--batch-size", type=int, default=defaults.data.batch_size, help="data.batch_size (default %(default)s)"
     )
     group.add_argument(
         "--max-pixels",
@@ -60,17 +59,17 @@ def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--depth",
         type=int,
-        default=default("model", "depth"),
+        default=defaults.model.depth,
         help="model.depth: divisor 2**depth (default %(default)s)",
     )
     group.add_argument("--divisor", type=int, default=None, help="the size divisor itself, instead of --depth")
     group.add_argument(
         "--val-fraction",
         type=float,
-        default=default("data", "val_fraction"),
+        default=defaults.data.val_fraction,
         help="data.val_fraction, 0 for no split (default %(default)s)",
     )
-    group.add_argument("--seed", type=int, default=default("run", "seed"), help="run.seed (default %(default)s)")
+    group.add_argument("--seed", type=int, default=defaults.run.seed, help="run.seed (default %(default)s)")
     group.add_argument("--plot-batches", type=int, default=4, help="batches to draw (default 4)")
 
 

@@ -97,8 +97,8 @@ def _parser() -> argparse.ArgumentParser:
 def _open(args):
     """(Predictor, ScanArchive) for the parsed arguments, after checking the input and output folders."""
     from srforge.data.archive import ScanArchive
+    from srforge.predict import Predictor
     from srforge.predict.folders import check_input, check_output
-    from srforge.predict.predictor import Predictor
     from srforge.runtime.distributed import rank_device
 
     source, output = Path(args.input), Path(args.output)
@@ -128,9 +128,8 @@ def _print_summary(summary: dict, output: Path) -> None:
 def main_predict(argv=None) -> int:
     """Predict class masks for every scan of a folder, .zip or .tar(.gz) with a trained srforge checkpoint."""
     from srforge.atomic import DiskFullError
+    from srforge.predict import OutputError, predict_archive
     from srforge.predict.background import default_workers
-    from srforge.predict.folders import OutputError
-    from srforge.predict.pipeline import predict_archive
     from srforge.runtime.distributed import environment
 
     try:

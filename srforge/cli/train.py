@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from srforge.cli.errors import fail
 
@@ -21,19 +20,23 @@ def _names_run_dir(overrides: list[str]) -> bool:
     return False
 
 
-def _train_config(config: str | None, resume: str | None, overrides: list[str]) -> dict:
-    """The resolved config for srforge-train: --config FILE, or with --resume alone the checkpoint's own config,
-    whose import paths must be named by the user too (srforge.config.trust). A resume writes into the folder it was
-    given (for a checkpoint file, the folder it sits in) unless run.dir is set on the command line."""
+def _train_config(config: str | None, resume: str | None, overrides: list[str]) -> tuple[dict, dict | None]:
+    """The resolved config for srforge-train and the checkpoint to resume from (None without --resume).
+
+    The config is --config FILE, or with --resume alone the checkpoint's own config, whose import paths must be
+    named by the user too (srforge.config.trust). A resume writes into the folder it was given (for a checkpoint
+    file, the folder it sits in) unless run.dir is set on the command line. The checkpoint is read here, once,
+    and handed to training.
+    """
     from srforge.config import ConfigError, load_config, parse_override, read_yaml_file, resolve
     from srforge.config.trust import check_checkpoint_imports
     from srforge.runtime.checkpoint import load_checkpoint
+    from srforge.train.prepare import checkpoint_file
 
     if resume is None:
-        return load_config(config or "configs/quickstart.yaml", overrides)
-    resume_path = Path(resume)
-    folder = resume_path if resume_path.is_dir() else resume_path.parent
-    checkpoint = resume_path / "last.pt" if resume_path.is_dir() else resume_path
+        return load_config(config or "configs/quickstart.yaml", overrides), None
+    checkpoint = checkpoint_file(resume)
+    folder = checkpoint.parent
     ckpt = load_checkpoint(checkpoint)  # refuses what is not a well-formed srforge checkpoint, before any write
     if config is not None:
         cfg = load_config(config, overrides)
@@ -47,8 +50,8 @@ def _train_config(config: str | None, resume: str | None, overrides: list[str]) 
         trusted.append(("the command line", dict(parse_override(text) for text in overrides)))
         check_checkpoint_imports(cfg, str(checkpoint), trusted)
     if not _names_run_dir(overrides):
-        cfg["run"]["dir"] = str(folder)
-    return cfg
+        cfg.run.dir = str(folder)
+    return cfg, ckpt
 
 
 def main_train(argv=None) -> int:
@@ -72,12 +75,12 @@ def main_train(argv=None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides, values read as YAML")
     args = parser.parse_args(argv)
     try:
-        cfg = _train_config(args.config, args.resume, args.overrides)
+        cfg, ckpt = _train_config(args.config, args.resume, args.overrides)
         check_before_training(cfg)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         return fail(PROG, exc)
     try:
-        summary = train(cfg, resume=args.resume)
+        summary = train(cfg, resume=args.resume, checkpoint=ckpt)
     except (NonFiniteLossError, DiskFullError, ValueError, KeyboardInterrupt) as exc:
         # ValueError: ConfigError, DataError, a mask value beyond model.num_classes: bad data, not a bug
         return fail(PROG, exc)

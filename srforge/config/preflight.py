@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from srforge.config.load import ConfigError, import_object
+from srforge.config.errors import ConfigError
+from srforge.config.imports import import_object
 from srforge.runtime.device import resolve_device
 
 
@@ -40,11 +41,11 @@ def check_dataset(spec: Mapping[str, Any], key: str, generated_root: str | None 
 
 def check_before_training(cfg: Mapping[str, Any]) -> None:
     """Every check above for a resolved training config, and ``run.device`` names a device this machine has."""
-    data = cfg["data"]
-    check_dataset(data["dataset"], "data.dataset", data["synthetic"]["root"])
-    if data["val_dataset"]["class"] is not None:
-        check_dataset(data["val_dataset"], "data.val_dataset")
+    data = cfg.data
+    check_dataset(data.dataset, "data.dataset", data.synthetic.root)
+    if data.val_dataset.class_ is not None:
+        check_dataset(data.val_dataset, "data.val_dataset")
     try:
-        resolve_device(cfg["run"]["device"])
+        resolve_device(cfg.run.device)
     except ValueError as exc:
         raise ConfigError(f"run.device: {exc}") from None

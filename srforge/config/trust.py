@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from srforge.config.load import ConfigError
+from srforge.config.errors import ConfigError
 
 
 def import_paths(tree: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:

@@ -11,6 +11,7 @@ is resampled nearest and filled with ignore_index where the affine leaves no dat
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 
 import torch
@@ -31,10 +32,29 @@ KEYS = {
 }
 
 
-def _check_keys(config: Mapping, valid, where: str) -> None:
-    unknown = [k for k in config if k not in valid]
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in {where}; valid keys: {sorted(valid)}")
+def check_recipe(recipe: Mapping, where: str = "data.augment") -> None:
+    """Raise ValueError for the first key of ``recipe`` that is not in KEYS (naming the closest valid key), or a
+    section (affine, color_jitter, crop) that is not a mapping of its own keys. ``where`` is the recipe's config
+    path, which the messages name. The config's validation and :func:`build_augmentation` both call this."""
+    for name, value in recipe.items():
+        if name not in KEYS:
+            raise ValueError(_unknown(name, KEYS, where))
+        valid = KEYS[name]
+        if valid is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise ValueError(
+                f"{where}.{name}: expected a mapping with keys {list(valid)}, found {type(value).__name__} {value!r}."
+            )
+        for inner in value:
+            if inner not in valid:
+                raise ValueError(_unknown(inner, valid, f"{where}.{name}"))
+
+
+def _unknown(name: object, valid, where: str) -> str:
+    close = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.5)
+    hint = f" Did you mean '{where}.{close[0]}'?" if close else ""
+    return f"Unknown config key '{where}.{name}'.{hint} '{name}' is not one of the valid keys {sorted(valid)}."
 
 
 class Augmentation(DataTransform):
@@ -60,19 +80,13 @@ class Augmentation(DataTransform):
 
 
 def build_augmentation(config: Mapping | None, ignore_index: int = IGNORE_INDEX) -> Augmentation:
-    """An Augmentation (Entry -> new Entry) from a config dict (``data.augment``); unknown keys are a ValueError.
+    """An Augmentation (Entry -> new Entry) from a config dict (``data.augment``); unknown keys are a ValueError
+    (:func:`check_recipe`).
 
     ``ignore_index`` fills the mask where an affine leaves no data (the trainer passes ``data.ignore_index``).
     """
     config = dict(config or {})
-    _check_keys(config, KEYS, "the augmentation config")
-    for section, valid in KEYS.items():
-        if valid is not None and section in config:
-            if not isinstance(config[section], Mapping):
-                raise ValueError(
-                    f"augmentation {section!r} must be a mapping with keys {list(valid)}, got {config[section]!r}"
-                )
-            _check_keys(config[section], valid, f"augmentation {section!r}")
+    check_recipe(config)
     steps: list = []
     if config.get("hflip"):
         steps.append(v2.RandomHorizontalFlip(p=float(config["hflip"])))

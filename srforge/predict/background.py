@@ -3,7 +3,7 @@
 Read: member bytes are read in the main process (a .tar.gz in pools, in archive order), decoded into uint8
 [C, H, W] scans -- in ``workers`` forked processes by :class:`Reader`, or in turn by :func:`read_inline` -- and
 each planned batch is collated ahead, so the device finds it ready. Write: :class:`Writer` encodes and writes
-each scan's outputs in background threads (or in turn), and reports its row.
+each scan's outputs in background threads (or in turn), and adds its row to the report.
 
 Memory stays bounded: the Reader keeps at most 2 x workers scans (and at least two batches) decoding and two
 decoded batches waiting; the Writer holds at most 2 x threads + one batch of scans not yet written.
@@ -30,8 +30,9 @@ import torch
 from srforge.atomic import DiskFullError
 from srforge.data.archive import ScanArchive
 from srforge.data.images import read_image
-from srforge.predict.outputs import Rows, output_paths, write_scan
+from srforge.predict.outputs import output_paths, write_scan
 from srforge.predict.predictor import Prediction, Predictor
+from srforge.predict.report import Report
 from srforge.runtime.distributed import environment
 
 
@@ -193,8 +194,8 @@ class Reader(threading.Thread):
 class Writer:
     """The write stage: encode and write each scan's outputs (in ``threads`` background threads, or inline)."""
 
-    def __init__(self, out_dir: Path, archive, predictor: Predictor, rows: Rows, threads: int, backlog: int):
-        self.out_dir, self.archive, self.k, self.rows = out_dir, archive, predictor.num_classes, rows
+    def __init__(self, out_dir: Path, archive, predictor: Predictor, report: Report, threads: int, backlog: int):
+        self.out_dir, self.archive, self.k, self.report = out_dir, archive, predictor.num_classes, report
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="srforge-writer") if threads else None
         self.slots = threading.Semaphore(backlog)  # scans handed over and not yet written
         self.error: BaseException | None = None  # StopRun or DiskFullError from a writer thread
@@ -222,12 +223,12 @@ class Writer:
             probs = None if prediction.probabilities is None else prediction.probabilities.numpy()
             fractions = write_scan(output_paths(self.out_dir, name), prediction.mask.numpy(), self.k, image, probs)
         except DiskFullError:
-            self.rows.add(name, "stopped", size, error="not written: no space left", stop=False)
+            self.report.add(name, "stopped", size, error="not written: no space left", stop=False)
             raise
         except Exception as error:  # a name too long, a folder in the way: this scan fails, the rest go on
-            return self.rows.fail(name, size, error, "cannot write the outputs: ")
+            return self.report.fail(name, size, error, "cannot write the outputs: ")
         ms += (time.perf_counter() - start) * 1000
-        self.rows.add(name, "ok", size, fractions=fractions, ms=ms)
+        self.report.add(name, "ok", size, fractions=fractions, ms=ms)
 
     def check(self) -> None:
         """Raise in the main thread what a writer thread raised (StopRun, DiskFullError)."""

@@ -1,42 +1,34 @@
-"""The prediction output folder: where each scan's files go, when they are complete, how reports are written.
+"""One scan's files in the prediction output folder: where they go, when they are complete, how they are written.
 
 Under the output folder::
 
     masks/<rel>.png           class ids, uint8 PNG mode 'L', exactly the scan's (H, W)
     overlays/<rel>.png        the scan with every non-background class drawn over it     (overlay)
     probabilities/<rel>.npy   float16 [K, H, W] softmax probabilities (np.load)           (probabilities)
-    report.json, report.csv   per scan: name, status, size, error, class pixel fractions, milliseconds
-    .partial/                 one report per process while several processes share the archive (torchrun)
+
+and the run's report beside them (srforge.predict.report).
 
 <rel> is the member's relative path without its suffix. Every file is written to a hidden temporary name
 in its folder and renamed over the final name (os.replace), so a kill never leaves a truncated output; a
 rerun treats a scan as done when each of its outputs decodes and has the scan's size.
 
 Nothing here knows about models: :mod:`srforge.predict.pipeline` decides what to predict, this module owns the
-files.
+files of each scan.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 from torchvision.utils import draw_segmentation_masks
 
-from srforge.atomic import as_disk_full, atomic_write, atomic_write_text
-from srforge.data.images import DataError
+from srforge.atomic import as_disk_full, atomic_write
 from srforge.data.naming import scan_stem
 
-STATUSES = ("ok", "skipped", "failed", "rejected", "stopped")
-PARTIAL = ".partial"  # per-process reports of a multi-process run, merged into report.json at the end
 _COLORS = [
     (230, 25, 75),
     (60, 180, 75),
@@ -51,7 +43,6 @@ _COLORS = [
 ]
 
 
-# -- one scan's files -----------------------------------------------------------------------------------
 def output_paths(out_dir: Path, name: str) -> dict[str, Path]:
     """Where scan ``name`` (a safe relative path) writes each output."""
     stem = scan_stem(name)  # the key ScanArchive checks for clashes: scan.v1.tif and scan.v2.tif stay apart
@@ -132,106 +123,3 @@ def write_scan(
     except OSError as error:
         raise as_disk_full(error, paths["mask"].parents[1]) from error
     return class_fractions(mask, num_classes)
-
-
-# -- reports ----------------------------------------------------------------------------------------------
-def report_row(name, status, size=None, error=None, fractions=None, ms=None) -> dict[str, Any]:
-    """One scan's row of the report."""
-    height, width = size if size is not None else (None, None)
-    return {
-        "name": name,
-        "status": status,
-        "height": height,
-        "width": width,
-        "error": error,
-        "fractions": fractions,
-        "ms": None if ms is None else round(ms, 2),
-    }
-
-
-def summarise(rows: Sequence[dict], seconds: float, stopped_early: bool, **extra) -> dict[str, Any]:
-    """The report's summary: counts by status, time, throughput, plus ``extra`` (classes, input, output)."""
-    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
-    return {
-        "scans": len(rows),
-        **counts,
-        "stopped_early": stopped_early,
-        "seconds": round(seconds, 3),
-        "scans_per_second": round(counts["ok"] / seconds, 3) if seconds > 0 else None,
-        **extra,
-    }
-
-
-def write_report(out_dir: Path, rows: list[dict], summary: dict, class_names: Sequence[str]) -> None:
-    """report.json ({"summary", "scans"}, rows sorted by name) and report.csv (one row a scan, ``frac_<class>``)."""
-    try:
-        _write_report(out_dir, rows, summary, class_names)
-    except OSError as error:
-        raise as_disk_full(error, out_dir) from error
-
-
-def _write_report(out_dir: Path, rows: list[dict], summary: dict, class_names: Sequence[str]) -> None:
-    rows = sorted(rows, key=lambda r: r["name"])
-    atomic_write_text(out_dir / "report.json", json.dumps({"summary": summary, "scans": rows}, indent=1))
-    buffer = io.StringIO()
-    fields = ["name", "status", "height", "width", "ms", "error"] + [f"frac_{c}" for c in class_names]
-    writer = csv.DictWriter(buffer, fields)
-    writer.writeheader()
-    for row in rows:
-        fractions = dict(zip(fields[6:], row["fractions"] or []))
-        writer.writerow({**{k: row[k] for k in fields[:6]}, **fractions})
-    atomic_write_text(out_dir / "report.csv", buffer.getvalue())
-
-
-def partial_path(out_dir: Path, rank: int, world: int) -> Path:
-    return out_dir / PARTIAL / f"rank{rank:05d}-of-{world:05d}.json"
-
-
-def write_partial(out_dir: Path, rank: int, world: int, rows: list[dict], stopped_early: bool) -> None:
-    """This process's rows of a multi-process run, for :func:`merge_partials`."""
-    text = json.dumps({"rank": rank, "world": world, "stopped_early": stopped_early, "scans": rows})
-    atomic_write_text(partial_path(out_dir, rank, world), text)
-
-
-def merge_partials(out_dir: Path, world: int) -> tuple[list[dict], bool]:
-    """(every row, whether any process stopped early) from the ``world`` partial reports; removes them."""
-    rows, stopped = [], False
-    for rank in range(world):
-        path = partial_path(out_dir, rank, world)
-        part = json.loads(path.read_text())
-        rows += part["scans"]
-        stopped = stopped or part["stopped_early"]
-    for rank in range(world):
-        partial_path(out_dir, rank, world).unlink()
-    return rows, stopped
-
-
-def remove_partials(out_dir: Path) -> None:
-    """Drop partial reports a killed multi-process run left (its scans are found again by their outputs)."""
-    for path in (out_dir / PARTIAL).glob("*.json") if (out_dir / PARTIAL).is_dir() else []:
-        path.unlink(missing_ok=True)
-
-
-class StopRun(Exception):
-    """Raised inside the stages to end a run early (``strict``); the report is still written."""
-
-
-class Rows:
-    """The report's rows of this process, and the ``strict`` rule: a failed or rejected row stops the run."""
-
-    def __init__(self, strict: bool, bar):
-        self.strict, self.bar, self.rows = strict, bar, {}
-        self.lock = threading.Lock()
-
-    def add(self, name: str, status: str, *args, stop: bool = True, **kwargs) -> None:
-        with self.lock:
-            self.rows[name] = report_row(name, status, *args, **kwargs)
-        self.bar.update()
-        if stop and self.strict and status in ("failed", "rejected"):
-            raise StopRun(name)
-
-    def fail(self, name: str, size, error: BaseException | str, stage: str = "") -> None:
-        text = error if isinstance(error, str) else str(error) or type(error).__name__
-        if isinstance(error, BaseException) and not isinstance(error, DataError):
-            text = f"{stage}{type(error).__name__}: {text}"
-        self.add(name, "failed", size, error=text)

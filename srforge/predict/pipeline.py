@@ -7,21 +7,22 @@
     read          member bytes in the main process, decoded in ``workers`` background processes, collated ahead
     infer         the device: logits -> class map (uint8), probabilities only when asked (float16)
     write         PNG / npy in background threads, each file atomic (srforge.predict.outputs)
-    report        one row per scan; under torchrun per-process reports merged by rank 0
+    report        one row per scan; under torchrun per-process reports merged by rank 0 (srforge.predict.report)
 
 ``workers=0`` runs every stage in turn in the calling thread; the background read and write stages, and the
 bound they keep on memory, are in srforge.predict.background.
 
 Every scan ends as a row: ok, skipped, failed (the error says which stage), rejected (refused by ScanArchive),
 or stopped (not reached because the run stopped early: ``strict`` or a full disk). ``strict`` stops at the
-first failed or rejected scan by raising StopRun inside the stages; a full disk stops the run with DiskFullError,
-raised again after the report is written (both in srforge.predict.outputs).
+first failed or rejected scan by raising StopRun (srforge.predict.report) inside the stages; a full disk stops the
+run with DiskFullError, raised again after the report is written. :class:`Ending` records which, if either.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,48 +33,92 @@ from srforge.atomic import DiskFullError, remove_stale_temporaries
 from srforge.data.archive import ScanArchive
 from srforge.predict.background import DecodedBatch, Reader, Writer, read_inline, writer_threads
 from srforge.predict.folders import prepare_output
-from srforge.predict.outputs import (
-    Rows,
+from srforge.predict.outputs import class_fractions, finished_mask, output_paths
+from srforge.predict.predictor import Predictor
+from srforge.predict.report import (
+    Report,
     StopRun,
-    class_fractions,
-    finished_mask,
     merge_partials,
-    output_paths,
     remove_partials,
     summarise,
     write_partial,
     write_report,
 )
-from srforge.predict.predictor import Predictor
 from srforge.predict.sharding import split_by_pixels
 from srforge.runtime import distributed
 
 POOL = 32  # scans of a .tar.gz read together, in archive order (it has no random access)
 NOT_REACHED = "not predicted: the run stopped early"
 
+Todo = list[tuple[int, tuple[int, int]]]  # [(archive index, (H, W))] of the scans still to predict
+
 
 # -- stages ---------------------------------------------------------------------------------------------
-def skip_finished(
-    archive: ScanArchive, indices: Sequence[int], out_dir: Path, predictor: Predictor, wanted, overwrite, rows
-) -> list[tuple[int, tuple[int, int]]]:
-    """[(index, (H, W))] of ``indices`` still to predict; a row for each skipped or unreadable scan."""
-    todo = []
-    for i in archive.in_archive_order(indices):
-        name = archive.names[i]
+def prepare_folder(job: Job) -> None:
+    """Create and check the output folder; rank 0 first sweeps what a killed run left (temporaries, partial
+    reports), before any other process writes, so the sweep never takes another rank's file in flight."""
+    refused: Exception | None = None
+    if job.rank == 0:
         try:
-            size = archive.size(i)
+            prepare_output(job.out_dir)
+            remove_stale_temporaries(job.out_dir)
+            remove_partials(job.out_dir)
+        except Exception as error:  # raised after the barrier, so that no other process waits for rank 0
+            refused = error
+    distributed.barrier()
+    if refused is not None:
+        raise refused
+    if job.rank > 0:
+        prepare_output(job.out_dir)  # the same check, and the same error, in every process
+
+
+def skip_finished(job: Job, indices: Sequence[int], report: Report) -> Todo:
+    """[(index, (H, W))] of ``indices`` still to predict; a row for each skipped or unreadable scan."""
+    todo, k = [], job.predictor.num_classes
+    for i in job.archive.in_archive_order(indices):
+        name = job.archive.names[i]
+        try:
+            size = job.archive.size(i)
         except Exception as error:  # any error reading one header is that scan's failure, not the run's
-            rows.fail(name, None, error, "cannot read the header: ")
+            report.fail(name, None, error, "cannot read the header: ")
             continue
-        mask = None if overwrite else finished_mask(output_paths(out_dir, name), size, predictor.num_classes, wanted)
+        mask = None if job.overwrite else finished_mask(output_paths(job.out_dir, name), size, k, job.wanted)
         if mask is None:
             todo.append((i, size))
         else:
-            rows.add(name, "skipped", size, fractions=class_fractions(mask, predictor.num_classes))
+            report.add(name, "skipped", size, fractions=class_fractions(mask, k))
     return todo
 
 
-def plan(archive: ScanArchive, todo: list[tuple[int, tuple[int, int]]], predictor: Predictor) -> list[list[list[int]]]:
+def list_and_skip(job: Job, report: Report, ending: Ending) -> tuple[list[int], Todo]:
+    """(indices this process checked, what is left of them to predict): rank 0 reports the rejected members,
+    each process checks a strided share for finished outputs."""
+    checked = list(range(job.rank, len(job.archive), job.world))  # before a --strict stop: each gets a row
+    try:
+        if job.rank == 0:
+            for name, reason in job.archive.rejected:
+                report.add(name, "rejected", error=reason)
+        return checked, skip_finished(job, checked, report)
+    except StopRun:
+        ending.stopped = True
+        return checked, []
+
+
+def share_out(job: Job, checked: list[int], todo: Todo, ending: Ending) -> tuple[list[int], Todo]:
+    """(indices this process answers for in the report, its share of every process's ``todo``, by pixels).
+
+    Every process learns whether any stopped; then none predicts anything."""
+    everything = distributed.gather((ending.stopped, todo))
+    ending.stopped = any(s for s, _ in everything)
+    todo = sorted(item for _, part in everything for item in part) if not ending.stopped else []
+    left = {i for i, _ in todo}
+    mine = [i for i in checked if i not in left]  # checked here but predicted by whichever process it is dealt to
+    keys, pixels = [job.archive.names[i] for i, _ in todo], [job.predictor.aligned_area(s) for _, s in todo]
+    todo = [todo[p] for p in split_by_pixels(keys, pixels, job.world)[job.rank]]
+    return mine + [i for i, _ in todo], todo
+
+
+def plan_pools(archive: ScanArchive, todo: Todo, predictor: Predictor) -> list[list[list[int]]]:
     """Pools of batches of archive indices. A .tar.gz comes in pools of POOL scans in archive order, each read at
     once, so the archive is read in one forward pass; anything else is one pool, read batch by batch."""
     todo = [todo[p] for p in _archive_order(archive, todo)]
@@ -81,20 +126,19 @@ def plan(archive: ScanArchive, todo: list[tuple[int, tuple[int, int]]], predicto
     return [[[pool[j][0] for j in batch] for batch in predictor.plan([s for _, s in pool])] for pool in pools]
 
 
-def _archive_order(archive: ScanArchive, todo) -> list[int]:
+def _archive_order(archive: ScanArchive, todo: Todo) -> list[int]:
     position = {i: p for p, (i, _) in enumerate(todo)}
     return [position[i] for i in archive.in_archive_order(position)]
 
 
-def infer_and_write(
-    batches: Iterator[DecodedBatch], archive, predictor: Predictor, sizes: dict, writer: Writer, rows: Rows, options
-) -> None:
+def infer_and_write(batches: Iterator[DecodedBatch], job: Job, sizes: dict, writer: Writer, report: Report) -> None:
     """The infer stage (the device) feeding the write stage, one planned batch at a time."""
-    probs_dtype = torch.float16 if options["probabilities"] else None
+    archive, predictor = job.archive, job.predictor
+    probs_dtype = torch.float16 if "probabilities" in job.wanted else None
     for batch in batches:
         start = time.perf_counter()
         for i, error in batch.errors.items():
-            rows.fail(archive.names[i], sizes[i], error, "cannot read: ")
+            report.fail(archive.names[i], sizes[i], error, "cannot read: ")
         if not batch.images:
             continue
         ready, images = list(batch.images), list(batch.images.values())
@@ -102,12 +146,78 @@ def infer_and_write(
             predictions = predictor.infer(images, probs_dtype, batch.collated)
         except Exception as error:  # e.g. out of memory as one smallest tile: name the scans, go on
             for i in ready:
-                rows.fail(archive.names[i], sizes[i], f"inference failed: {error}")
+                report.fail(archive.names[i], sizes[i], f"inference failed: {error}")
             continue
         ms = (time.perf_counter() - start) * 1000 / len(ready)
         for i, image, prediction in zip(ready, images, predictions):
-            writer.submit(i, sizes[i], image if options["overlay"] else None, prediction, ms)
+            writer.submit(i, sizes[i], image if "overlay" in job.wanted else None, prediction, ms)
     writer.check()
+
+
+def read_infer_write(job: Job, todo: Todo, report: Report, ending: Ending) -> None:
+    """Predict ``todo`` (nothing once ``ending.stopped``): read, infer and write; a StopRun or DiskFullError from
+    any stage ends the run in ``ending``, any other error propagates once the stages are shut down."""
+    pools = plan_pools(job.archive, todo, job.predictor)
+    reading = job.workers > 0 and todo and not ending.stopped
+    reader = Reader(job.archive, pools, job.predictor, job.workers) if reading else None
+    threads = writer_threads(job.workers)
+    largest = max((len(batch) for pool in pools for batch in pool), default=1)
+    writer = Writer(job.out_dir, job.archive, job.predictor, report, threads, 2 * threads + largest)
+    try:
+        if not ending.stopped:
+            read = reader if reader is not None else read_inline(job.archive, pools, job.predictor)
+            infer_and_write(iter(read), job, dict(todo), writer, report)
+    except (StopRun, DiskFullError) as error:
+        ending.note(error)
+    finally:
+        if reader is not None:
+            reader.close()
+        writer.close()
+    ending.note(writer.error)  # a writer thread's StopRun or DiskFullError, also one after the last check
+
+
+def add_unreached(archive: ScanArchive, mine: list[int], sizes: dict, report: Report) -> None:
+    """A "stopped" row for each of ``mine`` with no row yet: a scan is never missing from the report."""
+    for i in mine:
+        if archive.names[i] not in report.by_name:
+            report.add(archive.names[i], "stopped", sizes.get(i), error=NOT_REACHED, stop=False)
+
+
+def write_merged_report(job: Job, rows: list[dict], stopped: bool, start: float) -> dict[str, Any]:
+    """Write report.json / report.csv (rank 0, after merging every process's rows); returns the summary."""
+    if job.world > 1:
+        try:
+            write_partial(job.out_dir, job.rank, job.world, rows, stopped)
+        finally:
+            distributed.barrier()
+        if job.rank == 0:
+            rows, stopped = merge_partials(job.out_dir, job.world)
+    summary = summarise(
+        rows,
+        time.perf_counter() - start,
+        stopped,
+        classes=list(job.predictor.class_names),
+        input=str(job.archive.path),
+        output=str(job.out_dir),
+        processes=job.world,
+    )
+    if job.rank == 0:
+        write_report(job.out_dir, rows, summary, job.predictor.class_names)
+    return distributed.gather(summary)[0]  # every process returns the merged summary, once the report exists
+
+
+def finish_report(job: Job, report: Report, ending: Ending, start: float) -> dict[str, Any] | None:
+    """The report stage: write the report and return its summary; after a full disk, write what can be written
+    and raise the DiskFullError that stopped the run."""
+    try:
+        summary = write_merged_report(job, list(report.by_name.values()), ending.stopped, start)
+    except DiskFullError:
+        if ending.disk_full is None:
+            raise
+        summary = None  # what report could be written was written; the disk is full either way
+    if ending.disk_full is not None:
+        raise ending.disk_full
+    return summary
 
 
 # -- the run --------------------------------------------------------------------------------------------
@@ -131,102 +241,49 @@ def predict_archive(
     background processes decode scans (0: everything in this thread). Under torchrun each process takes its
     share and rank 0 writes the merged report. Raises DiskFullError (after the report) when the disk fills.
     """
-    out_dir, start = Path(out_dir), time.perf_counter()
+    start = time.perf_counter()
     processes = distributed.environment()
-    rank, world = processes.rank, processes.world
     distributed.join()
-    refused: Exception | None = None
-    if rank == 0:  # before any other process writes: the sweep must not take another rank's file in flight
-        try:
-            prepare_output(out_dir)
-            remove_stale_temporaries(out_dir)
-            remove_partials(out_dir)
-        except Exception as error:  # raised after the barrier, so that no other process waits for rank 0
-            refused = error
-    distributed.barrier()
-    if refused is not None:
-        raise refused
-    if rank > 0:
-        prepare_output(out_dir)  # the same check, and the same error, in every process
     wanted = ["mask"] + ["overlay"] * overlay + ["probabilities"] * probabilities
-    options = {"overlay": overlay, "probabilities": probabilities}
-    bar = tqdm(total=len(archive), unit="scan", desc="predict", disable=not progress or rank > 0, dynamic_ncols=True)
-    rows = Rows(strict, bar)
-    mine: list[int] = []  # indices this process answers for: a strided share, then its share of what is left
-    disk_full: DiskFullError | None = None
-    stopped = False
-    try:
-        if rank == 0:
-            for name, reason in archive.rejected:
-                rows.add(name, "rejected", error=reason)
-        mine = list(range(rank, len(archive), world))
-        todo = skip_finished(archive, mine, out_dir, predictor, wanted, overwrite, rows)
-    except StopRun:
-        stopped, todo = True, []
-    everything = distributed.gather((stopped, todo))
-    stopped = any(s for s, _ in everything)
-    todo = sorted(item for _, part in everything for item in part) if not stopped else []
-    left = {i for i, _ in todo}
-    mine = [i for i in mine if i not in left]  # checked here but predicted by whichever process it is dealt to
-    share = split_by_pixels(
-        [archive.names[i] for i, _ in todo], [predictor.aligned_area(s) for _, s in todo], world
-    )[rank]
-    todo = [todo[p] for p in share]
-    mine += [i for i, _ in todo]
-    sizes = dict(todo)
-    pools = plan(archive, todo, predictor)
-    reader = Reader(archive, pools, predictor, workers) if workers > 0 and todo and not stopped else None
-    threads = writer_threads(workers)
-    largest = max((len(batch) for pool in pools for batch in pool), default=1)
-    writer = Writer(out_dir, archive, predictor, rows, threads, 2 * threads + largest)
-    try:
-        if not stopped:
-            read = reader if reader is not None else read_inline(archive, pools, predictor)
-            infer_and_write(iter(read), archive, predictor, sizes, writer, rows, options)
-    except StopRun:
-        stopped = True
-    except DiskFullError as error:
-        stopped, disk_full = True, error
-    finally:
-        if reader is not None:
-            reader.close()
-        writer.close()
-    if isinstance(writer.error, DiskFullError):
-        stopped, disk_full = True, writer.error
-    stopped = stopped or isinstance(writer.error, StopRun)
-    bar.close()
-    for i in mine:  # a scan is never missing from the report
-        if archive.names[i] not in rows.rows:
-            rows.add(archive.names[i], "stopped", sizes.get(i), error=NOT_REACHED, stop=False)
-    try:
-        summary = _report(out_dir, list(rows.rows.values()), stopped, start, predictor, archive, rank, world)
-    except DiskFullError:
-        if disk_full is None:
-            raise
-        summary = None  # what report could be written was written; the disk is full either way
-    if disk_full is not None:
-        raise disk_full
-    return summary
-
-
-def _report(out_dir: Path, rows, stopped, start, predictor, archive, rank: int, world: int) -> dict[str, Any]:
-    """Write report.json / report.csv (rank 0, after merging every process's rows); returns the summary."""
-    if world > 1:
-        try:
-            write_partial(out_dir, rank, world, rows, stopped)
-        finally:
-            distributed.barrier()
-        if rank == 0:
-            rows, stopped = merge_partials(out_dir, world)
-    summary = summarise(
-        rows,
-        time.perf_counter() - start,
-        stopped,
-        classes=list(predictor.class_names),
-        input=str(archive.path),
-        output=str(out_dir),
-        processes=world,
+    job = Job(predictor, archive, Path(out_dir), wanted, overwrite, workers, processes.rank, processes.world)
+    prepare_folder(job)
+    bar = tqdm(
+        total=len(archive), unit="scan", desc="predict", disable=not progress or job.rank > 0, dynamic_ncols=True
     )
-    if rank == 0:
-        write_report(out_dir, rows, summary, predictor.class_names)
-    return distributed.gather(summary)[0]  # every process returns the merged summary, once the report exists
+    report, ending = Report(strict, bar), Ending()
+    mine, todo = share_out(job, *list_and_skip(job, report, ending), ending)
+    read_infer_write(job, todo, report, ending)
+    bar.close()
+    add_unreached(archive, mine, dict(todo), report)
+    return finish_report(job, report, ending, start)
+
+
+# -- what the stages share ------------------------------------------------------------------------------
+@dataclass
+class Job:
+    """What one predict_archive call predicts, where, which outputs each scan needs, and this process's place."""
+
+    predictor: Predictor
+    archive: ScanArchive
+    out_dir: Path
+    wanted: list[str]  # "mask", then "overlay" and "probabilities" when asked for
+    overwrite: bool
+    workers: int
+    rank: int
+    world: int
+
+
+@dataclass
+class Ending:
+    """How the run ended: ``stopped`` early (``strict``, a full disk, or another process stopped), and the
+    DiskFullError that stopped it, raised again once the report is written."""
+
+    stopped: bool = False
+    disk_full: DiskFullError | None = None
+
+    def note(self, error: BaseException | None) -> None:
+        """Record a StopRun or DiskFullError from a stage; anything else (or None) ends nothing."""
+        if isinstance(error, DiskFullError):
+            self.stopped, self.disk_full = True, error
+        elif isinstance(error, StopRun):
+            self.stopped = True

@@ -67,14 +67,6 @@ def batch_cap(max_batch: int | str | None, device: torch.device) -> int | None:
     raise ValueError(f"max_batch must be 'auto', None, 0 (no cap) or an int >= 1, got {max_batch!r}")
 
 
-def _image_mode_from_config(ckpt: dict[str, Any]) -> str | None:
-    """Where checkpoints written before ``image_mode`` was recorded keep it: the dataset's arguments."""
-    config = ckpt.get("config") or {}
-    dataset = config.get("data", {}).get("dataset", {}) if isinstance(config, dict) else {}
-    args = dataset.get("args") if isinstance(dataset, dict) else None
-    return args.get("image_mode") if isinstance(args, dict) else None
-
-
 @dataclass
 class Prediction:
     """One scan's result on the host: ``mask`` uint8 [H, W] class ids; ``probabilities`` [K, H, W] or None.
@@ -158,7 +150,7 @@ class Predictor:
         """The Predictor a checkpoint describes: weights, divisor, classes, normalisation, image mode.
 
         ``options`` are Predictor's keywords (precision, max_pixels, overlap, max_batch). The image mode is the
-        checkpoint's ``image_mode``; checkpoints written before it was recorded keep it in their config.
+        checkpoint's ``image_mode``, else its training config's, else the model's input channels'.
         """
         ckpt = load_checkpoint(path)
         model = model_from_checkpoint(ckpt, path)
@@ -168,7 +160,7 @@ class Predictor:
                 f"{path}: {len(names)} class names for a model of {model.num_classes} classes; a checkpoint "
                 "needs one name per class (model.class_names in the training config)"
             )
-        mode = ckpt.get("image_mode") or _image_mode_from_config(ckpt)
+        mode = ckpt.get("image_mode")
         return cls(model, class_names=names, device=device, image_mode=mode, **options)
 
     # -- planning ---------------------------------------------------------------------------------------
@@ -307,7 +299,8 @@ class Predictor:
             if image.dtype != torch.uint8 and not image.is_floating_point():
                 raise TypeError(f"Predictor: image {i} is {image.dtype}; give uint8 (0..255) or float (0..1)")
 
-    def _all(self, images: Sequence[torch.Tensor], probs_dtype: torch.dtype | None) -> list[Prediction]:
+    def _predict_in_batches(self, images: Sequence[torch.Tensor], probs_dtype: torch.dtype | None) -> list[Prediction]:
+        """One finished Prediction a scan [C, H_i, W_i], in the order given, computed in planned batches."""
         self._check(images)
         out: list[Prediction | None] = [None] * len(images)
         for batch in self.plan([tuple(image.shape[-2:]) for image in images]):
@@ -317,8 +310,8 @@ class Predictor:
 
     def probabilities(self, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Softmax probabilities float32 [K, H_i, W_i] for scans [C, H_i, W_i], in the order given."""
-        return [p.probabilities for p in self._all(images, torch.float32)]
+        return [p.probabilities for p in self._predict_in_batches(images, torch.float32)]
 
     def predict(self, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Class maps int64 [H_i, W_i] for scans [C, H_i, W_i] (uint8, or float in [0, 1])."""
-        return [p.mask.long() for p in self._all(images, None)]
+        return [p.mask.long() for p in self._predict_in_batches(images, None)]

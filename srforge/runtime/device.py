@@ -36,3 +36,16 @@ def autocast(device: torch.device, precision: str):
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this machine's CPU computes bf16 natively (avx512_bf16 or AMX, read from /proc/cpuinfo).
+
+    Without it bf16 on the CPU is emulated, many times slower than fp32. False where /proc/cpuinfo cannot be read.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -1,9 +1,7 @@
 """Random-number state of Python, numpy, torch's CPU and the current CUDA device, saved for exact resume.
 
 Each training process draws on one GPU only (its own, under torchrun), so a checkpoint keeps the state of the
-current CUDA device alone. Older checkpoints kept a list, one state per visible GPU; a list is still read, and a
-list longer than the GPUs present (a run resumed on a machine with fewer) gives the current device its entry, or
-the first one when the list is shorter than the device's index.
+current CUDA device alone, and a resume gives that state back to the current device.
 """
 
 from __future__ import annotations
@@ -42,22 +40,11 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def cuda_state_for_current_device(saved: torch.Tensor | list | tuple) -> torch.Tensor:
-    """The saved CUDA state to give the current device: a tensor as it is; from an old per-GPU list, the
-    entry at the current device's index, or the first entry when the list is shorter than that index."""
-    if isinstance(saved, torch.Tensor):
-        return saved
-    if not saved:
-        raise ValueError("the checkpoint's CUDA random state is an empty list")
-    index = torch.cuda.current_device()
-    return saved[index] if index < len(saved) else saved[0]
-
-
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` saved (old checkpoints' per-GPU CUDA lists included)."""
+    """Restore what :func:`rng_state` saved; the CUDA state goes to the current device."""
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     random.setstate((state["python_version"], tuple(state["python"]), None))
     if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(cuda_state_for_current_device(state["cuda"]))
+        torch.cuda.set_rng_state(state["cuda"])

@@ -42,6 +42,27 @@ class Progress:
     batches_done: int = 0
 
 
+@dataclass(frozen=True)
+class StepSettings:
+    """What a training step and a validation pass need besides the model and the batch.
+
+    The first six serve both passes; the last three concern training alone (``evaluate`` ignores them):
+    ``grad_clip`` (the gradient norm's bound; None or 0: no clipping), ``skip_nonfinite`` (skip a batch whose loss
+    is NaN or infinite on any rank, instead of raising), ``log_every`` (the progress bar's numbers are read along
+    with every ``log_every``-th step's one read).
+    """
+
+    device: torch.device
+    precision: str  # fp32 | bf16 | fp16
+    channels_last: bool
+    num_classes: int
+    ignore_index: int
+    dice_weight: float
+    grad_clip: float | None = None
+    skip_nonfinite: bool = False
+    log_every: int = 1
+
+
 def to_device(batch, device: torch.device, channels_last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(image uint8 [B, C, H, W], mask int64 [B, H, W], sizes int64 [B, 2]) of a collated batch, on ``device``.
 
@@ -69,16 +90,8 @@ def train_epoch(
     scheduler,
     scaler: torch.amp.GradScaler,
     progress: Progress,
+    settings: StepSettings,
     *,
-    device: torch.device,
-    precision: str,
-    channels_last: bool,
-    num_classes: int,
-    ignore_index: int,
-    dice_weight: float,
-    grad_clip: float | None,
-    skip_nonfinite: bool,
-    log_every: int,
     world: int = 1,
     bar: tqdm | None = None,
     epoch: int = 0,
@@ -88,55 +101,67 @@ def train_epoch(
     ``net`` is what runs the batch (the model, or its DistributedDataParallel wrapper); gradients are clipped over
     ``optimizer``'s parameters. Returns (float64 [3] = loss sum, batches stepped, real pixels; int64 [K, K]
     confusion matrix of the predictions taken during training; seconds). A non-finite loss on any rank raises
-    NonFiniteLossError, or with ``skip_nonfinite`` skips the batch on every rank alike.
+    NonFiniteLossError, or with ``settings.skip_nonfinite`` skips the batch on every rank alike.
     """
+    device, num_classes = settings.device, settings.num_classes
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     started = time.perf_counter()
     for batch in loader:
-        image, mask, sizes = to_device(batch, device, channels_last)
-        with autocast(device, precision):
+        image, mask, sizes = to_device(batch, device, settings.channels_last)
+        with autocast(device, settings.precision):
             logits = net(image, sizes)
-        loss = segmentation_loss(logits, mask, ignore_index, dice_weight)
+        loss = segmentation_loss(logits, mask, settings.ignore_index, settings.dice_weight)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
-        # The step's one read: every rank's loss finite (all ranks must agree to step or to skip, or DDP hangs),
-        # and every log_every batches the totals so far, in the same transfer.
-        finite = distributed.reduce_min(torch.isfinite(loss.detach()).double().reshape(1))
-        log = bar is not None and (progress.batches_done + 1) % log_every == 0
-        if log:
-            packet = torch.cat([finite, totals, confusion.flatten().double()]).tolist()
-            ok, shown = packet[0] > 0, packet[1:]
-        else:
-            ok = bool(finite)
-        if not ok:
-            message = (
-                f"non-finite loss {loss.item()} at step {progress.step + 1} (epoch {epoch + 1}) on samples {batch.name}"
-            )
-            if not skip_nonfinite:
-                raise NonFiniteLossError(message + "; set train.skip_nonfinite=true to skip such batches.")
-            if bar is not None:
-                tqdm.write(f"srforge: skipped a batch with a {message}")
+        log = bar is not None and (progress.batches_done + 1) % settings.log_every == 0
+        finite, shown = _read_step(loss, totals, confusion, log)
+        if not finite:
+            _non_finite(loss, batch, progress, epoch, settings.skip_nonfinite, bar)
             optimizer.zero_grad(set_to_none=True)
             progress.batches_done += 1
             continue
-        if grad_clip:
+        if settings.grad_clip:
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
         progress.step += 1
         progress.batches_done += 1
         with torch.no_grad():
-            confusion += confusion_matrix(class_map(logits.detach()), mask, num_classes, ignore_index)
+            confusion += confusion_matrix(class_map(logits.detach()), mask, num_classes, settings.ignore_index)
             totals += _totals(loss, sizes)
-        if log:
+        if shown is not None:
             _show(bar, shown, num_classes, world, time.perf_counter() - started)
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # once an epoch: the seconds include the last steps' queued kernels
     return totals, confusion, time.perf_counter() - started
+
+
+def _read_step(
+    loss: torch.Tensor, totals: torch.Tensor, confusion: torch.Tensor, log: bool
+) -> tuple[bool, list[float] | None]:
+    """The step's one read: whether every rank's loss is finite, and with ``log`` the totals so far, in one transfer.
+
+    All ranks must agree to step or to skip, or DDP hangs. Returns (finite, None) or (finite, [loss sum, batches,
+    real pixels, the K x K confusion matrix flattened]) for the progress bar.
+    """
+    finite = distributed.reduce_min(torch.isfinite(loss.detach()).double().reshape(1))
+    if not log:
+        return bool(finite), None
+    packet = torch.cat([finite, totals, confusion.flatten().double()]).tolist()
+    return packet[0] > 0, packet[1:]
+
+
+def _non_finite(loss: torch.Tensor, batch, progress: Progress, epoch: int, skip: bool, bar: tqdm | None) -> None:
+    """A non-finite loss: NonFiniteLossError naming the step and the batch's samples, or with ``skip`` a line."""
+    message = f"non-finite loss {loss.item()} at step {progress.step + 1} (epoch {epoch + 1}) on samples {batch.name}"
+    if not skip:
+        raise NonFiniteLossError(message + "; set train.skip_nonfinite=true to skip such batches.")
+    if bar is not None:
+        tqdm.write(f"srforge: skipped a batch with a {message}")
 
 
 def _show(bar: tqdm, packet: list[float], num_classes: int, world: int, seconds: float) -> None:
@@ -153,30 +178,21 @@ def _show(bar: tqdm, packet: list[float], num_classes: int, world: int, seconds:
 
 
 @torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    loader,
-    *,
-    device: torch.device,
-    precision: str,
-    channels_last: bool,
-    num_classes: int,
-    ignore_index: int,
-    dice_weight: float,
-) -> dict[str, Any]:
+def evaluate(model: torch.nn.Module, loader, settings: StepSettings) -> dict[str, Any]:
     """Validation over ``loader``, summed across ranks: the loss as training measures it, and per-class scores.
 
     Returns :func:`srforge.train.metrics.scores` of the confusion matrix over valid pixels, plus ``loss`` (the
     mean over batches of the batch loss; NaN with no batch). Sums stay on the device until the one read at the end.
     """
+    device, num_classes, ignore_index = settings.device, settings.num_classes, settings.ignore_index
     model.eval()
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
     totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, batches
     for batch in loader:
-        image, mask, sizes = to_device(batch, device, channels_last)
-        with autocast(device, precision):
+        image, mask, sizes = to_device(batch, device, settings.channels_last)
+        with autocast(device, settings.precision):
             logits = model(image, sizes)
-        totals += _totals(segmentation_loss(logits, mask, ignore_index, dice_weight), sizes)[:2]
+        totals += _totals(segmentation_loss(logits, mask, ignore_index, settings.dice_weight), sizes)[:2]
         confusion += confusion_matrix(class_map(logits), mask, num_classes, ignore_index)
     distributed.reduce_sum(confusion)
     distributed.reduce_sum(totals)

@@ -1,0 +1,245 @@
+"""What a run is built from, each from its section of the config: device, data, model, optimization, batches.
+
+    data      -> datasets, split by size (train_val_indices), FieldViews with per-sample augmentation
+    model     -> UNet on the device, and the arguments that rebuild it (checkpoints keep them)
+    train     -> AdamW, warm-up + cosine LambdaLR, GradScaler (fp16); StepSettings for the step and evaluation
+    batches   -> training_sampler (size-grouped, shuffled by seed and epoch, this rank's share), validation loader
+
+The split and the training sampler come from :mod:`srforge.data.sampling`, the functions the batch-layout
+picture calls too, so the picture shows exactly the batches training draws.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from srforge.config import import_object
+from srforge.config.schema import Config, DataSection, ModelSection
+from srforge.data.adapter import FieldView
+from srforge.data.augment import build_augmentation
+from srforge.data.collate import AlignedCollate
+from srforge.data.sampling import SizeGroupedBatchSampler, train_val_indices, training_sampler
+from srforge.data.sizes import dataset_sizes
+from srforge.models import UNet
+from srforge.runtime.checkpoint import class_names_or_default
+from srforge.runtime.device import cpu_has_native_bf16, resolve_device
+from srforge.runtime.distributed import Processes
+from srforge.train.state import TrainState
+from srforge.train.step import StepSettings
+
+MODEL_ARGS = ("in_channels", "num_classes", "base_channels", "depth", "max_channels", "padding_aware")
+
+
+def single_process_device(name: str) -> torch.device:
+    """``run.device`` resolved for a single process; ``cuda:N`` also binds this process to GPU N."""
+    device = resolve_device(name)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # cuda:N: kernels and allocations of this process go to GPU N
+    return device
+
+
+def training_device(processes: Processes, name: str, precision: str) -> torch.device:
+    """This process's device: the one :func:`srforge.runtime.distributed.start` bound under torchrun, else
+    ``run.device``. bf16 on a CPU that emulates it is a warning: it runs many times slower than fp32."""
+    device = processes.device or single_process_device(name)
+    if precision == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
+        warnings.warn(
+            "train.precision=bf16 on a CPU without native bf16 (no avx512_bf16/amx): "
+            "expect it to run many times slower than fp32."
+        )
+    return device
+
+
+def _build(spec: dict, key: str):
+    cls = import_object(spec["class"], key)
+    try:
+        return cls(**spec["args"])
+    except TypeError as exc:
+        raise TypeError(f"{key}: could not build {spec['class']} with args {spec['args']}: {exc}") from None
+
+
+def _sizes(dataset, data: DataSection, key: str, cache: Path) -> list:
+    """[(H, W), ...] of ``dataset``, cached in ``cache`` under the config of ``data[key]``."""
+    return dataset_sizes(dataset, data.fields, cache, json.dumps(data[key], sort_keys=True))
+
+
+@dataclass
+class Data:
+    """The training and validation sides: their views and their true sizes [(H, W), ...], index for index."""
+
+    train: FieldView
+    val: FieldView
+    train_sizes: list
+    val_sizes: list
+
+
+def build_data(data: DataSection, *, num_classes: int, seed: int, run_dir: Path) -> Data:
+    """Both sides from the config's ``data`` section: a separate ``val_dataset``, or ``dataset`` split by size.
+
+    Sizes are read once (file headers, or measured and cached in the run folder). Only the training side is
+    augmented; both check every mask against ``num_classes`` and the ignore index.
+    """
+    dataset = _build(data.dataset, "data.dataset.class")
+    sizes = _sizes(dataset, data, "dataset", run_dir / "sizes_cache.json")
+    augment = build_augmentation(data.augment, ignore_index=data.ignore_index) if data.augment else None
+    checks = {"num_classes": num_classes, "ignore_index": data.ignore_index}
+    separate = data.val_dataset.class_ is not None
+    train_idx, val_idx = train_val_indices(sizes, None if separate else data.val_fraction, seed)
+    train = FieldView(dataset, data.fields, train_idx, augment=augment, seed=seed, **checks)
+    if separate:
+        val_set = _build(data.val_dataset, "data.val_dataset.class")
+        val_sizes = _sizes(val_set, data, "val_dataset", run_dir / "val_sizes_cache.json")
+        return Data(train, FieldView(val_set, data.fields, **checks), train.sizes_of(sizes), val_sizes)
+    val = FieldView(dataset, data.fields, val_idx, **checks)
+    return Data(train, val, train.sizes_of(sizes), val.sizes_of(sizes))
+
+
+def build_model(model_cfg: ModelSection, device: torch.device, channels_last: bool) -> tuple[UNet, dict]:
+    """The UNet the config describes, on ``device``, and the arguments that rebuild it (kept in checkpoints)."""
+    model_args = {k: model_cfg[k] for k in MODEL_ARGS}
+    model = UNet(**model_args).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model, model_args
+
+
+def _schedule(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine down to ``min_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimization(
+    model: torch.nn.Module,
+    *,
+    device: torch.device,
+    lr: float,
+    weight_decay: float,
+    warmup_steps: int,
+    min_lr_ratio: float,
+    total_steps: int,
+    precision: str,
+):
+    """(AdamW, warm-up + cosine LambdaLR, GradScaler enabled for fp16 only).
+
+    On CUDA AdamW is the fused kernel: one launch for all parameters, and under fp16 the scaler hands it the
+    found-inf flag on the device instead of reading it back (which would be a second host sync per step).
+    """
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: _schedule(s, warmup_steps, total_steps, min_lr_ratio)
+    )
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    return optimizer, scheduler, scaler
+
+
+@dataclass
+class Loaders:
+    """Where the batches come from: the training view and its sampler (one DataLoader per epoch, from
+    :meth:`epoch`), and the validation loader (this rank's share of size-grouped batches, in a fixed order)."""
+
+    train: FieldView
+    sampler: SizeGroupedBatchSampler
+    collate: AlignedCollate
+    num_workers: int
+    pin_memory: bool
+    val: DataLoader
+
+    def epoch(self, epoch: int, skip: int = 0) -> DataLoader:
+        """This rank's training batches of ``epoch`` (fixed by the seed and the epoch), less the first ``skip``."""
+        self.sampler.set_epoch(epoch)
+        self.train.set_epoch(epoch)
+        return DataLoader(
+            self.train,
+            batch_sampler=list(self.sampler)[skip:],
+            collate_fn=self.collate,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+        )
+
+
+def build_loaders(
+    data_cfg: DataSection, data: Data, *, divisor: int, seed: int, processes: Processes, device: torch.device
+) -> Loaders:
+    """Batches of alike sizes padded to ``divisor`` (the model's) by AlignedCollate, masks with the ignore index;
+    the training batches dealt to ranks by :func:`srforge.data.sampling.training_sampler`."""
+    collate = AlignedCollate(divisor, pad={"image": 0, "mask": data_cfg.ignore_index})
+    grouping = {"batch_size": data_cfg.batch_size, "max_pixels": data_cfg.max_pixels, "divisor": divisor}
+    sampler = training_sampler(
+        data.train_sizes, seed=seed, **grouping, num_replicas=processes.world, rank=processes.rank
+    )
+    val_batches = list(SizeGroupedBatchSampler(data.val_sizes, **grouping, shuffle=False))
+    pin_memory = device.type == "cuda"
+    val = DataLoader(
+        data.val,
+        batch_sampler=val_batches[processes.rank :: processes.world],
+        collate_fn=collate,
+        num_workers=data_cfg.num_workers,
+        pin_memory=pin_memory,
+    )
+    return Loaders(data.train, sampler, collate, data_cfg.num_workers, pin_memory, val)
+
+
+def build_state(cfg: Config, model: UNet, model_args: dict, loaders: Loaders, device: torch.device) -> TrainState:
+    """A fresh run's state: ``model``, its optimization scheduled over every epoch's steps, the run's facts."""
+    tcfg, mcfg = cfg.train, cfg.model
+    optimizer, scheduler, scaler = build_optimization(
+        model,
+        device=device,
+        lr=tcfg.lr,
+        weight_decay=tcfg.weight_decay,
+        warmup_steps=tcfg.warmup_steps,
+        min_lr_ratio=tcfg.min_lr_ratio,
+        total_steps=tcfg.epochs * len(loaders.sampler),
+        precision=tcfg.precision,
+    )
+    class_names = class_names_or_default(mcfg.class_names, mcfg.num_classes)
+    image_mode = getattr(loaders.train.dataset, "image_mode", "RGB")
+    return TrainState(model, model_args, optimizer, scheduler, scaler, loaders.sampler, cfg, class_names, image_mode)
+
+
+def step_settings(cfg: Config, device: torch.device) -> StepSettings:
+    """What the step and evaluation need from the config, on ``device``."""
+    tcfg = cfg.train
+    return StepSettings(
+        device=device,
+        precision=tcfg.precision,
+        channels_last=tcfg.channels_last,
+        num_classes=cfg.model.num_classes,
+        ignore_index=cfg.data.ignore_index,
+        dice_weight=tcfg.dice_weight,
+        grad_clip=tcfg.grad_clip,
+        skip_nonfinite=tcfg.skip_nonfinite,
+        log_every=tcfg.log_every,
+    )
+
+
+def wrap_for_training(model: torch.nn.Module, *, compile: bool, world: int, device: torch.device) -> torch.nn.Module:
+    """The module a training step calls: ``model`` itself in one process, its DDP wrapper under torchrun.
+
+    ``model`` stays the bare UNet -- its state_dict is what checkpoints hold, and validation calls it directly,
+    since no gradients need averaging there. ``train.compile`` compiles ``model`` in place (``Module.compile``,
+    so its state_dict keys keep their names) before DDP wraps it, as PyTorch's documentation recommends: DDP's
+    own hooks then run outside the compiled graph and overlap the gradient all-reduce with the backward pass.
+    Buffers are not synchronised before each forward: the only ones are the normalisation mean/std, which never
+    change (``forward_sync_buffers=False`` where torch has it, ``broadcast_buffers=False`` before).
+    """
+    if compile:
+        model.compile(dynamic=True)
+    if world == 1:
+        return model
+    ddp = torch.nn.parallel.DistributedDataParallel
+    no_sync = (
+        "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
+    )
+    return ddp(model, device_ids=[device.index] if device.type == "cuda" else None, **{no_sync: False})
