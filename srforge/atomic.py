@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
@@ -69,7 +69,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], fs
 
     ``fsync=True`` also flushes the bytes to the disk before the rename, for files whose loss on a power cut
     would cost more than a rerun (checkpoints). On any error the temporary file is removed and the old
-    ``path`` is left as it was.
+    ``path`` is left as it was; the error raised is always the one that stopped the write: where the removal
+    fails too (a read-only file system refuses even the removal of a file that is not there), its OSError is
+    dropped, and a temporary file it left is swept by :func:`remove_stale_temporaries`.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +84,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], fs
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise
     return path
 

@@ -7,16 +7,22 @@ scans of many sizes is padded, each scan in the top-left corner of its slot, to:
 
 and the true sizes travel with it as an integer ``[B, 2]`` tensor of (H, W). Everything that must tell true
 pixels from padding -- the padding-aware GroupNorm, the loss, metrics, crop-back, tiling, the sampler's waste
-figures -- derives it from these few functions. This module imports only torch and numpy, so that models, data
-and engine can all stand on it.
+figures -- derives it from these few functions. How deep ``k`` may go is here too: at most MAX_DEPTH, and no
+deeper than the scans' sizes make sensible (:func:`depth_problem`). This module imports only torch and numpy,
+so that models, data and engine can all stand on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
+
+# The most stride-2 stages srforge builds: a size divisor of 2**16 = 65,536 px, beyond the height and width of any
+# scan. Each stage deeper doubles the padding of every scan; depth 30 would pad a scan to 2**30 px a side.
+# srforge.config.schema.MAX_DEPTH is the same number for model.depth (a config is read without torch).
+MAX_DEPTH = 16
 
 
 def round_up(n, d):
@@ -63,3 +69,42 @@ def crop_to_sizes(tensor: torch.Tensor, sizes: torch.Tensor) -> list[torch.Tenso
             f"crop_to_sizes: the tensor holds {tensor.shape[0]} samples but sizes has {sizes.shape[0]} rows."
         )
     return [tensor[i, ..., :h, :w] for i, (h, w) in enumerate(sizes.tolist())]
+
+
+def largest_sensible_depth(sizes: Iterable[Sequence[int]]) -> int:
+    """The largest depth (at most MAX_DEPTH) whose deepest stride-2 stage still halves more than one row of the
+    tallest scan and more than one column of the widest: ``2 ** (depth - 1) < min(max H, max W)`` over ``sizes``
+    [(H, W), ...] (at least one).
+
+    One stage deeper, that stage sees every scan as a single row (or column), so it adds no context, only padding:
+    every scan is padded to more than twice its height (or width). 0 when scans are 1 px high or wide.
+    """
+    sizes = list(sizes)
+    extent = min(max(int(h) for h, _ in sizes), max(int(w) for _, w in sizes))
+    depth = 0
+    while depth < MAX_DEPTH and 2**depth < extent:
+        depth += 1
+    return depth
+
+
+def depth_problem(sizes: Iterable[Sequence[int]], depth: int) -> str | None:
+    """Why a U-Net of ``depth`` stride-2 stages (size divisor ``2 ** depth``) is too deep for scans of ``sizes``
+    [(H, W), ...], naming the largest sensible depth (:func:`largest_sensible_depth`); None when it is not, or when
+    there are no sizes. Check it once the sizes are known, before a batch is padded: the padding grows as 4**depth.
+    """
+    sizes = [(int(h), int(w)) for h, w in sizes]
+    if not sizes:
+        return None
+    largest = largest_sensible_depth(sizes)
+    if depth <= largest:
+        return None
+    tallest, widest = max(h for h, _ in sizes), max(w for _, w in sizes)
+    side, extent, line = ("height", tallest, "row") if tallest <= widest else ("width", widest, "column")
+    found = f"depth {depth} (size divisor 2**{depth})"
+    if largest == 0:
+        return f"{found}: the largest scan {side} is {extent} px, too small for any depth; scans need 2 px or more"
+    return (
+        f"{found} is too deep for these scans: the largest scan {side} is {extent} px, so the deepest stages would "
+        f"see every scan as a single {line} and only add padding; use depth {largest} or less (size divisor "
+        f"{2**largest}), the largest sensible depth for them."
+    )

@@ -23,6 +23,7 @@ def main_check_data(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.num_classes is not None and args.num_classes < 1:
         parser.error(f"--num-classes must be >= 1, found {args.num_classes}")
+    _check_plot_arguments(parser, args)
     count, problems = check_folder(
         args.root,
         args.images,
@@ -41,7 +42,7 @@ def main_check_data(argv=None) -> int:
 
 def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     """check_data's --plot and the batching it draws; the defaults are the trainer's (configs/quickstart.yaml)."""
-    from srforge.config import Config
+    from srforge.config.schema import MAX_DEPTH, Config
 
     defaults = Config()
 
@@ -60,9 +61,15 @@ def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
         "--depth",
         type=int,
         default=defaults.model.depth,
-        help="model.depth: divisor 2**depth (default %(default)s)",
+        help=f"model.depth: size divisor 2**depth; 1 to {MAX_DEPTH}, and refused where its deepest stage would see "
+        "every scan as a single row or column (default %(default)s)",
     )
-    group.add_argument("--divisor", type=int, default=None, help="the size divisor itself, instead of --depth")
+    group.add_argument(
+        "--divisor",
+        type=int,
+        default=None,
+        help=f"the size divisor itself, 1 to {2**MAX_DEPTH:,}, instead of --depth",
+    )
     group.add_argument(
         "--val-fraction",
         type=float,
@@ -73,25 +80,47 @@ def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--plot-batches", type=int, default=4, help="batches to draw (default 4)")
 
 
+def _check_plot_arguments(parser: argparse.ArgumentParser, args) -> None:
+    """The static bounds of --depth and --divisor (the config's for model.depth), before any file is read: a
+    deeper net only pads, and 2**40 would ask for more memory than any machine has. Exits 2 naming the bound."""
+    from srforge.config.schema import MAX_DEPTH
+
+    if not 1 <= args.depth <= MAX_DEPTH:
+        parser.error(
+            f"--depth must be 1 to {MAX_DEPTH} (model.depth; size divisor 2**depth, at most {2**MAX_DEPTH:,} px), "
+            f"found {args.depth}"
+        )
+    if args.divisor is not None and not 1 <= args.divisor <= 2**MAX_DEPTH:
+        parser.error(f"--divisor must be 1 to {2**MAX_DEPTH:,} (2**{MAX_DEPTH}), found {args.divisor}")
+
+
 def _plot_layout(args) -> bool:
-    """Write the --plot picture; False (with the reason on stderr) when the folder cannot be batched."""
+    """Write the --plot picture; False (with the reason on stderr, one line) when the folder cannot be batched,
+    --depth is deeper than its scans allow (checked before anything is drawn), or the picture cannot be written."""
     from srforge.data import SegmentationFolder
-    from srforge.data.layout_plot import plot_batch_layout, totals
+    from srforge.data.layout_plot import batch_layout, save_batch_layout, totals
+    from srforge.geometry import depth_problem
 
     try:
         sizes = SegmentationFolder(args.root, args.images, args.masks).sizes()
-        layout = plot_batch_layout(
+        problem = None if args.divisor else depth_problem(sizes, args.depth)
+        if problem:
+            raise ValueError(f"--depth: {problem}")
+        layout = batch_layout(
             sizes,
-            args.plot,
-            num_batches=args.plot_batches,
             batch_size=None if args.max_pixels else args.batch_size,
             max_pixels=args.max_pixels,
             divisor=args.divisor or 2**args.depth,
             val_fraction=args.val_fraction,
             seed=args.seed,
         )
-    except ValueError as exc:  # DataError (unpaired files), an empty folder, bad settings
+        save_batch_layout(layout, args.plot, args.plot_batches)
+    except ValueError as exc:  # DataError (unpaired files), an empty folder, bad settings, too deep
         print(f"check_data: cannot draw {args.plot}: {exc}", file=sys.stderr)
+        return False
+    except OSError as exc:  # only writing raises it (reading raises DataError): a read-only or full file system
+        reason = exc.strerror or exc
+        print(f"check_data: cannot write {args.plot}: {reason}; choose a --plot path you can write", file=sys.stderr)
         return False
     print(f"wrote {args.plot}: " + "; ".join(totals(layout, args.plot_batches)))
     return True

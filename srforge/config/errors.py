@@ -7,7 +7,18 @@ from collections.abc import Iterable
 
 
 class ConfigError(ValueError):
-    """A config that cannot run; the message names the key path."""
+    """A config that cannot run; the message names the key path.
+
+    ``keys``: the dotted paths of the keys the error is about, where one rule checked them (``Config.check`` sets
+    them), so that ``resolve`` can tell whether a command-line override set the bad value. ``override``: the text
+    of that override (``"train.lr=abc"``) once the message names it, so that ``load_config`` does not blame the
+    file for it.
+    """
+
+    def __init__(self, message: str, keys: Iterable[str] = (), override: str | None = None):
+        super().__init__(message)
+        self.keys = tuple(keys)
+        self.override = override
 
 
 def unknown_key(key: str, valid: Iterable[str], path: str) -> ConfigError:

@@ -6,7 +6,8 @@
 
 The annotation is the key's type (``float | int`` takes either, ``| None`` makes it nullable, ``dict`` is a
 free-form mapping passed on as it is); ``key(...)`` gives the default, a one-line doc and the value's rules
-(choices, minimum, any other single-key rule); ``part(doc)`` under a Section annotation is a nested section.
+(choices, minimum, maximum, any other single-key rule); ``part(doc)`` under a Section annotation is a nested
+section.
 
 A Section is a dict of its keys' values, so code that indexes ``cfg["train"]["lr"]``, json, ``**`` and
 ``isinstance(x, dict)`` all see plain data; the keys are descriptors, so ``cfg.train.lr`` reads and assigns the
@@ -63,8 +64,11 @@ class Key:
     ``name`` is the key in YAML when it differs from the attribute (``class`` is a Python keyword: ``class_``).
     """
 
-    def __init__(self, default: Any, doc: str, *, choices=None, minimum=None, rule: Rule | None = None, name=None):
-        self.default, self.doc, self.choices, self.minimum, self.rule = default, doc, choices, minimum, rule
+    def __init__(
+        self, default: Any, doc: str, *, choices=None, minimum=None, maximum=None, rule: Rule | None = None, name=None
+    ):
+        self.default, self.doc, self.choices, self.rule = default, doc, choices, rule
+        self.minimum, self.maximum = minimum, maximum
         self.name: str = name
         self.attr = ""
         self.types: tuple[type, ...] = ()
@@ -98,11 +102,14 @@ class Key:
         return copy.deepcopy(value)
 
     def check(self, value: Any, path: str) -> None:
-        """The key's own rules: choices, minimum (a null value, where null is allowed, has none), ``rule``."""
+        """The key's own rules: choices, minimum and maximum (a null value, where null is allowed, has neither),
+        ``rule``. Past the maximum the message quotes the key's doc, which says why the bound is there."""
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{path}: expected one of {list(self.choices)}, found {value!r}.")
         if self.minimum is not None and value is not None and value < self.minimum:
             raise ConfigError(f"{path}: expected an integer >= {self.minimum}, found {value}.")
+        if self.maximum is not None and value is not None and value > self.maximum:
+            raise ConfigError(f"{path}: expected an integer <= {self.maximum} ({self.doc}), found {value}.")
         if self.rule is not None:
             self.rule(value, path)
 
@@ -134,9 +141,11 @@ class Part:
         return self.section(value if value is not None else {})
 
 
-def key(default: Any, doc: str, *, choices=None, minimum=None, rule: Rule | None = None, name=None) -> Any:
+def key(
+    default: Any, doc: str, *, choices=None, minimum=None, maximum=None, rule: Rule | None = None, name=None
+) -> Any:
     """A key of a Section (see :class:`Key`); typed ``Any`` so that ``lr: float = key(...)`` type-checks."""
-    return Key(default, doc, choices=choices, minimum=minimum, rule=rule, name=name)
+    return Key(default, doc, choices=choices, minimum=minimum, maximum=maximum, rule=rule, name=name)
 
 
 def part(doc: str) -> Any:

@@ -2,7 +2,8 @@
 
 Every key, with its type, default and rules, is declared once in ``srforge.config.schema``. Validation happens
 before anything heavy starts and every error names the key path: an unknown key also names the closest valid
-key, a wrong type names the expected type.
+key, a wrong type names the expected type. An error whose value came from a command-line override names that
+override (``Override 'train.lr=abc': ...``); one from the file names the file.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from srforge.config.errors import ConfigError
-from srforge.config.overrides import nest, parse_override, set_free_form
+from srforge.config.overrides import blame_override, nest, parse_override, set_free_form, touches
 from srforge.config.schema import SCHEMA, Config
 from srforge.config.yaml_io import read_yaml_file
 
@@ -31,13 +32,25 @@ def get(cfg: Mapping, path: str) -> Any:
 
 
 def resolve(user: Mapping | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults <- user config <- overrides, validated. Raises ConfigError naming the key path."""
+    """Defaults <- user config <- overrides, validated. Raises ConfigError naming the key path, and the override
+    when one set the value at fault (the last override touching the keys of a rule that fails, see ``touches``)."""
     cfg = Config(user or {})
+    paths = []
     for text in overrides:
-        path, value = parse_override(text)
-        if not set_free_form(cfg, path, value):
-            cfg.merge(nest(path, value))
-    cfg.check()
+        try:
+            path, value = parse_override(text)
+            if not set_free_form(cfg, path, value):
+                cfg.merge(nest(path, value))
+        except ConfigError as exc:
+            raise blame_override(text, exc) from None
+        paths.append((path, text))
+    try:
+        cfg.check()
+    except ConfigError as exc:
+        culprits = [text for path, text in paths if touches(path, exc.keys)]
+        if not culprits:
+            raise
+        raise blame_override(culprits[-1], exc) from None
     return cfg
 
 
@@ -52,4 +65,6 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
     try:
         return resolve(user, overrides)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        if exc.override is not None:  # a command-line value, not the file's
+            raise
+        raise ConfigError(f"{path}: {exc}", exc.keys) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from srforge.config.errors import ConfigError
@@ -12,10 +13,30 @@ from srforge.config.yaml_io import load_yaml
 def parse_override(text: str) -> tuple[str, Any]:
     """``"train.lr=0.01"`` -> ("train.lr", 0.01): the value is read as a YAML scalar."""
     if "=" not in text:
-        raise ConfigError(f"Override '{text}' must look like key.path=value, e.g. train.epochs=3.")
+        raise ConfigError(f"Override '{text}' must look like key.path=value, e.g. train.epochs=3.", override=text)
     path, raw = text.split("=", 1)
-    value = load_yaml(raw, f"Override '{text}': the value") if raw.strip() else None
+    try:
+        value = load_yaml(raw, f"Override '{text}': the value") if raw.strip() else None
+    except ConfigError as exc:
+        exc.override = text  # the message names the override already
+        raise
     return path.strip(), value
+
+
+def blame_override(text: str, exc: ConfigError) -> ConfigError:
+    """``exc`` as the error of the override ``text``: ``Override 'train.lr=abc': train.lr: expected ...``."""
+    if exc.override is not None:
+        return exc
+    return ConfigError(f"Override '{text}': {exc}", exc.keys, override=text)
+
+
+def touches(path: str, keys: Iterable[str]) -> bool:
+    """Whether an override of ``path`` set one of ``keys`` (dotted paths), a value inside one, or a section
+    holding one: ``data`` touches ``data.batch_size``, ``data.augment.noise`` touches ``data.augment``."""
+    return any(
+        key == path or key.startswith((f"{path}.", f"{path}[")) or path.startswith((f"{key}.", f"{key}["))
+        for key in keys
+    )
 
 
 def nest(path: str, value: Any) -> dict:
@@ -44,7 +65,10 @@ def set_free_form(cfg: Section, path: str, value: Any) -> bool:
                 if not isinstance(target, dict):
                     where = ".".join(parts[: depth + 1])
                     found = f"{type(target).__name__} {target!r}"
-                    raise ConfigError(f"Override '{path}': {where} is {found}, not a mapping.")
+                    raise ConfigError(
+                        f"{where}: expected a mapping for {path} to reach inside, found {found}; set {where} "
+                        "itself, or name another key."
+                    )
             target[parts[-1]] = value
             return True
         node = node[part]

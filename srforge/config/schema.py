@@ -16,6 +16,13 @@ from srforge.config.fields import Section, key, part
 from srforge.constants import IGNORE_INDEX, PRECISIONS
 from srforge.limits import class_names_problem
 
+# The most stride-2 stages a config may ask for: a size divisor of 2**16 = 65,536 px, beyond the height and width
+# of any scan; each stage deeper doubles the padding of every scan, and depth 30 would pad a scan to 2**30 px a
+# side. The same number as srforge.geometry.MAX_DEPTH (UNet's bound), written twice because reading a config
+# loads no torch, which geometry does. How deep the scans of a dataset allow is srforge.geometry's
+# depth_problem, checked once their sizes are known.
+MAX_DEPTH = 16
+
 
 # -- single-key rules (each is given to its key below) -----------------------------------------------------
 def positive(what: str):
@@ -112,14 +119,21 @@ class DataSection(Section, path="data"):
     augment: dict = key(
         {}, "per-scan augmentation: hflip, vflip, affine, color_jitter, noise, crop", rule=augment_recipe
     )
-    ignore_index: int = key(IGNORE_INDEX, "the mask value no loss or metric counts; padding is filled with it")
+    ignore_index: int = key(
+        IGNORE_INDEX, "the mask value no loss or metric counts (not a class id); padding is filled with it"
+    )
 
 
 class ModelSection(Section, path="model"):
     in_channels: int = key(3, "image channels", minimum=1)
     num_classes: int = key(2, "classes the model predicts; mask values must be below it (or ignore_index)", minimum=1)
     base_channels: int = key(16, "channels of the first level, doubled at each level down", minimum=1)
-    depth: int = key(5, "stride-2 stages; the size divisor is 2**depth", minimum=1)
+    depth: int = key(
+        5,
+        f"stride-2 stages; the size divisor is 2**depth, at most 2**{MAX_DEPTH} = {2**MAX_DEPTH:,} px, beyond any scan",
+        minimum=1,
+        maximum=MAX_DEPTH,
+    )
     max_channels: int = key(512, "the most channels any level has")
     padding_aware: bool = key(True, "normalise over valid pixels only: a scan's logits ignore its batch-mates")
     class_names: list | None = key(
@@ -166,26 +180,51 @@ class Config(Section):
         Raises ConfigError naming the key path."""
         for path, value in leaves(self):
             if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"{path}: expected a finite number, found {value}.")
+                raise ConfigError(f"{path}: expected a finite number, found {value}.", keys=(path,))
         for path, field, value in self.walk():
-            field.check(value, path)
+            try:
+                field.check(value, path)
+            except ConfigError as exc:
+                exc.keys = exc.keys or (path,)
+                raise
         for rule in JOINT_RULES:
             rule(self)
 
 
-# -- rules that join keys ----------------------------------------------------------------------------------
+# -- rules that join keys (each ConfigError carries the keys it joins) -------------------------------------
 def one_batch_rule(cfg: Config) -> None:
     if (cfg.data.batch_size is None) == (cfg.data.max_pixels is None):
-        raise ConfigError("data.batch_size and data.max_pixels: set exactly one (the other to null).")
+        raise ConfigError(
+            "data.batch_size and data.max_pixels: set exactly one (the other to null).",
+            keys=("data.batch_size", "data.max_pixels"),
+        )
 
 
 def one_name_per_class(cfg: Config) -> None:
     names, count = cfg.model.class_names, cfg.model.num_classes
     if names is not None and len(names) != count:
-        raise ConfigError(f"model.class_names: expected {count} names (model.num_classes), found {len(names)}.")
+        raise ConfigError(
+            f"model.class_names: expected {count} names (model.num_classes), found {len(names)}.",
+            keys=("model.class_names", "model.num_classes"),
+        )
 
 
-JOINT_RULES = (one_batch_rule, one_name_per_class)
+def ignore_index_is_no_class(cfg: Config) -> None:
+    """The ignore index must not be a class id: the loss and every metric skip its pixels, so that class would
+    never be learned nor scored. The default IGNORE_INDEX is let through: with more than 255 classes it is a class
+    id too, but masks of that many classes do not fit the uint8 that the default is chosen for."""
+    index, count = cfg.data.ignore_index, cfg.model.num_classes
+    if 0 <= index < count and index != IGNORE_INDEX:
+        raise ConfigError(
+            f"data.ignore_index and model.num_classes: expected an ignore index that is no class id (classes are 0 "
+            f"to {count - 1}), found data.ignore_index {index}, so class {index} would never be learned nor "
+            f"scored. Set data.ignore_index to {IGNORE_INDEX} (the default) or another value outside 0 to "
+            f"{count - 1}, or model.num_classes to the number of real classes.",
+            keys=("data.ignore_index", "model.num_classes"),
+        )
+
+
+JOINT_RULES = (one_batch_rule, one_name_per_class, ignore_index_is_no_class)
 
 
 def leaves(node: Any, path: str = "") -> Iterable[tuple[str, Any]]:

@@ -48,6 +48,9 @@ MIN_BATCHES_WIDTH = 460  # room for the batch labels
 HIST_WIDTH, HIST_HEIGHT, HIST_AXIS = 360, 240, 44  # plot area, and the room left of it for H tick labels
 LEGEND_LINES = 11  # below the histogram: axis labels, legend, totals
 MAX_BINS = (24, 40)  # histogram bins along H, W
+# The largest picture drawn (about 190 MB as RGB): a huge divisor at a small scale, or thousands of batches, would
+# otherwise ask for gigabytes before a pixel is drawn.
+MAX_CANVAS_PIXELS = 64_000_000
 
 
 @dataclass(frozen=True)
@@ -315,7 +318,13 @@ def draw_batch_layout(
         raise ValueError(f"draw_batch_layout needs num_batches >= 1 and scale >= 1; got {num_batches} and {scale}.")
     k = scale or choose_scale(layout, num_batches)
     shown = layout.batches[:num_batches]
-    image = Image.new("RGB", canvas_size(layout, k, num_batches), COLORS["background"])
+    width, height = canvas_size(layout, k, num_batches)
+    if width * height > MAX_CANVAS_PIXELS:
+        raise ValueError(
+            f"draw_batch_layout: the picture of {len(shown)} batches at 1:{k} would be {width:,} x {height:,} px, "
+            f"more than {MAX_CANVAS_PIXELS:,} pixels; draw fewer batches, or pass a larger scale or a smaller divisor."
+        )
+    image = Image.new("RGB", (width, height), COLORS["background"])
     draw, font = ImageDraw.Draw(image), _font()
     s, (dh, dw) = layout.settings, layout.divisor
     divisor = f"{dh}" if dh == dw else f"{dh} x {dw}"
@@ -335,7 +344,7 @@ def draw_batch_layout(
         font=font,
     )
     boxes = _draw_batches(draw, shown, k, font)
-    _draw_sizes_panel(draw, layout, canvas_size(layout, k, num_batches)[0], divisor, num_batches, font)
+    _draw_sizes_panel(draw, layout, width, divisor, num_batches, font)
     return image, boxes
 
 

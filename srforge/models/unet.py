@@ -5,7 +5,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from srforge.geometry import level_mask, round_up
+from srforge.geometry import MAX_DEPTH, level_mask, round_up
 from srforge.models.norm import GroupNorm2d
 
 
@@ -111,7 +111,8 @@ class UNet(nn.Module):
 
     Channels at level l are ``min(base_channels * 2**l, max_channels)``; every block is two 3x3 conv + GroupNorm
     (``group_count`` groups, never BatchNorm) + activation; a 1x1 conv head gives the logits.
-    ``size_divisor = 2 ** depth``: H and W of the input must be multiples of it (ValueError otherwise).
+    ``size_divisor = 2 ** depth``: H and W of the input must be multiples of it (ValueError otherwise); ``depth``
+    is 1 to MAX_DEPTH (srforge.geometry), and :func:`srforge.geometry.depth_problem` says how deep given scans allow.
 
     Input normalisation lives in the model, so loaders ship uint8 and prediction needs no preprocessing:
     uint8 images become x / 255, float images are taken as already in [0, 1]; then (x - mean) / std with the
@@ -151,8 +152,11 @@ class UNet(nn.Module):
         padding_aware: bool = True,
     ):
         super().__init__()
-        if depth < 1:
-            raise ValueError(f"UNet depth must be >= 1, got {depth}")
+        if not 1 <= depth <= MAX_DEPTH:  # before any layer is allocated
+            raise ValueError(
+                f"UNet depth must be 1 to {MAX_DEPTH} (size divisor 2**depth, at most {2**MAX_DEPTH:,} px, beyond "
+                f"any scan; each stage deeper doubles every scan's padding), got {depth}; the quickstart uses 5"
+            )
         self.in_channels, self.num_classes, self.depth = in_channels, num_classes, depth
         self.size_divisor = 2**depth
         self.padding_aware = padding_aware
