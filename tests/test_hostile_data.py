@@ -175,3 +175,19 @@ def test_a_checkpoint_folder_is_named_as_a_folder(tmp_path):
     (tmp_path / "last.pt").write_bytes(b"x")
     with pytest.raises(FileNotFoundError, match=r"is a folder, not a checkpoint file; it holds last.pt"):
         load_checkpoint(tmp_path)
+
+
+def test_training_refuses_a_depth_deeper_than_the_scans_before_building_a_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "careless_data.py").write_text("from test_hostile_data import Careless  # noqa: F401\n")
+    config = {
+        "run": {"dir": str(tmp_path / "run"), "device": "cpu"},
+        "data": {"dataset": {"class": "careless_data:Careless", "args": {}}, "fields": FIELDS},
+        "model": {"base_channels": 4, "depth": 10},
+        "train": {"epochs": 1},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main_train(["--config", str(tmp_path / "config.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "srforge-train: error: model.depth:" in err and "use depth" in err and "Traceback" not in err
+    assert not (tmp_path / "run" / "last.pt").exists()

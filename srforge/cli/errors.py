@@ -2,8 +2,13 @@
 
     0    done
     1    the run itself went wrong: a non-finite loss, a full disk, a failed ONNX check (and predict's failed scans)
-    2    the user's input: a bad config or argument, a missing or unusable file, bad data
+    2    the user's input: a bad config or argument, a missing or unusable file, bad data, a run folder that
+         holds another run or is in use by another process
+    3    stopped by the system, resumable: a DataLoader worker was killed (the out-of-memory killer, most
+         often); last.pt holds the batch reached, and --resume RUN_DIR continues
     130  interrupted (Ctrl-C)
+    143  terminated (SIGTERM: Slurm, Kubernetes, a spot instance's notice); srforge-train wrote last.pt at the
+         batch reached first, as for Ctrl-C
 
 Each command catches only the exceptions that are the user's to fix at that point; anything else is a bug and
 ends with its traceback.
@@ -15,10 +20,13 @@ import re
 import sys
 
 from srforge.atomic import DiskFullError
+from srforge.runtime.signals import TERMINATED_STATUS, Terminated
 
 RUN_FAILED = 1
 BAD_INPUT = 2
+STOPPED = 3
 INTERRUPTED = 130
+TERMINATED = TERMINATED_STATUS
 
 
 def _run_failures() -> tuple[type[BaseException], ...]:
@@ -31,10 +39,21 @@ def _run_failures() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
+def _stopped_by_system() -> tuple[type[BaseException], ...]:
+    """Exception classes that mean the system stopped a resumable run (status 3), imported only if loaded."""
+    loaded = sys.modules.get("srforge.train.stop")
+    return (loaded.WorkerLostError,) if loaded is not None else ()
+
+
 def exit_status(exc: BaseException) -> int:
-    """The exit status for ``exc``: 130 for Ctrl-C, 1 for a run that failed, 2 for anything the user gave."""
+    """The exit status for ``exc``: 143 for SIGTERM, 130 for Ctrl-C, 3 for a run the system stopped, 1 for a run
+    that failed, 2 for anything the user gave."""
+    if isinstance(exc, Terminated):
+        return TERMINATED
     if isinstance(exc, KeyboardInterrupt):
         return INTERRUPTED
+    if isinstance(exc, _stopped_by_system()):
+        return STOPPED
     return RUN_FAILED if isinstance(exc, _run_failures()) else BAD_INPUT
 
 

@@ -1,4 +1,11 @@
-"""srforge-train: train from a YAML config, or resume a run."""
+"""srforge-train: train from a YAML config, or resume a run.
+
+A run folder is one run's: a folder that holds a run already is refused unless ``--resume`` continues it or
+``--overwrite`` starts over there, and a second srforge-train into a folder in use is refused, naming the holder
+(both exit status 2, before anything is written). SIGTERM -- Slurm's, Kubernetes', a spot instance's notice --
+stops the run as Ctrl-C does: last.pt at the batch reached, then exit status 143 (130 for Ctrl-C); a DataLoader
+worker the system killed writes last.pt too and exits with 3. ``--resume RUN_DIR`` continues bit-identically.
+"""
 
 from __future__ import annotations
 
@@ -59,8 +66,11 @@ def main_train(argv=None) -> int:
     from srforge.atomic import DiskFullError
     from srforge.config import ConfigError
     from srforge.config.preflight import check_before_training
+    from srforge.locks import FolderLockedError
+    from srforge.runtime.signals import terminate_as_interrupt
     from srforge.train.loop import train
     from srforge.train.step import NonFiniteLossError
+    from srforge.train.stop import WorkerLostError
 
     parser = argparse.ArgumentParser(prog=PROG, description=main_train.__doc__)
     parser.add_argument(
@@ -72,6 +82,12 @@ def main_train(argv=None) -> int:
         help="continue a run from RUN_DIR/last.pt or a checkpoint file, writing into RUN_DIR (or the checkpoint's "
         "folder) unless run.dir is given",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a new run in a run folder that holds one: its checkpoints, metrics.jsonl/csv and tensorboard/ "
+        "are removed first (without it such a folder is refused)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides, values read as YAML")
     args = parser.parse_args(argv)
     try:
@@ -80,9 +96,17 @@ def main_train(argv=None) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         return fail(PROG, exc)
     try:
-        summary = train(cfg, resume=args.resume, checkpoint=ckpt)
-    except (NonFiniteLossError, DiskFullError, ValueError, KeyboardInterrupt) as exc:
-        # ValueError: ConfigError, DataError, a mask value beyond model.num_classes: bad data, not a bug
+        with terminate_as_interrupt():  # SIGTERM: last.pt at the batch reached, as for Ctrl-C
+            summary = train(cfg, resume=args.resume, checkpoint=ckpt, overwrite=args.overwrite)
+    except (
+        NonFiniteLossError,
+        WorkerLostError,
+        DiskFullError,
+        FolderLockedError,
+        ValueError,
+        KeyboardInterrupt,
+    ) as exc:
+        # ValueError: ConfigError (RunExistsError included), DataError, a mask value beyond model.num_classes
         return fail(PROG, exc)
     if summary.get("val_iou") is not None:
         per_class = ", ".join(f"{n} {v:.4f}" for n, v in zip(summary["class_names"], summary["val_iou"]))

@@ -21,13 +21,14 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from srforge.config import import_object
+from srforge.config import ConfigError, import_object
 from srforge.config.schema import Config, DataSection, ModelSection
 from srforge.data.adapter import FieldView
 from srforge.data.augment import build_augmentation
 from srforge.data.collate import AlignedCollate
 from srforge.data.sampling import SizeGroupedBatchSampler, train_val_indices, training_sampler
 from srforge.data.sizes import dataset_sizes
+from srforge.geometry import depth_problem
 from srforge.models import UNet
 from srforge.runtime.checkpoint import class_names_or_default
 from srforge.runtime.device import cpu_has_native_bf16, resolve_device
@@ -81,14 +82,18 @@ class Data:
     val_sizes: list
 
 
-def build_data(data: DataSection, *, num_classes: int, seed: int, run_dir: Path) -> Data:
+def build_data(data: DataSection, *, num_classes: int, seed: int, run_dir: Path, depth: int | None = None) -> Data:
     """Both sides from the config's ``data`` section: a separate ``val_dataset``, or ``dataset`` split by size.
 
     Sizes are read once (file headers, or measured and cached in the run folder). Only the training side is
-    augmented; both check every mask against ``num_classes`` and the ignore index.
+    augmented; both check every mask against ``num_classes`` and the ignore index. A model ``depth`` whose
+    divisor outgrows every scan (:func:`srforge.geometry.depth_problem`) is a ConfigError before any model exists.
     """
     dataset = _build(data.dataset, "data.dataset.class")
     sizes = _sizes(dataset, data, "dataset", run_dir / "sizes_cache.json")
+    problem = depth_problem(sizes, depth) if depth is not None else None
+    if problem:
+        raise ConfigError(f"model.depth: {problem}")
     augment = build_augmentation(data.augment, ignore_index=data.ignore_index) if data.augment else None
     checks = {"num_classes": num_classes, "ignore_index": data.ignore_index}
     separate = data.val_dataset.class_ is not None

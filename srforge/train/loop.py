@@ -12,8 +12,14 @@ per epoch :func:`run_epoch`: :func:`srforge.train.step.train_epoch`, :func:`srfo
 
 Exact resume: the batch order depends only on (seed, epoch), augmentation on (seed, epoch, sample), and the
 checkpoint holds model, optimizer, scheduler, scaler, step and RNG states, so on the CPU a run stopped after
-epoch 2 and resumed to epoch 4 ends with the same bits as one that ran 4 epochs straight. A Ctrl-C writes
-``last.pt`` at the batch it reached, and the resumed run skips the batches already done: bit-identical too.
+epoch 2 and resumed to epoch 4 ends with the same bits as one that ran 4 epochs straight. A Ctrl-C or SIGTERM
+(srforge-train turns SIGTERM into :class:`srforge.runtime.signals.Terminated`), or a DataLoader worker the system
+killed (:class:`srforge.train.stop.WorkerLostError`), writes ``last.pt`` at the batch it reached, and the resumed
+run skips the batches already done: bit-identical too.
+
+An epoch that teaches nothing ends the run with an error rather than a "done" with NaN scores: every batch
+skipped as non-finite (NonFiniteLossError), or not one training pixel with a class (DataError: every mask is
+``data.ignore_index``).
 
 Distributed: under ``torchrun`` each process takes its rank's batches (gloo on CPU, nccl on CUDA), gradients
 are averaged by DistributedDataParallel, losses and confusion matrices are summed across ranks, and only rank
@@ -33,6 +39,7 @@ from tqdm import tqdm
 
 from srforge.atomic import disk_full_names
 from srforge.config.schema import Config
+from srforge.data import DataError
 from srforge.runtime import distributed
 from srforge.runtime.distributed import Processes
 from srforge.train.build import (
@@ -47,35 +54,49 @@ from srforge.train.build import (
 )
 from srforge.train.log import log_epoch, open_tensorboard
 from srforge.train.metrics import scores
-from srforge.train.prepare import prepare_run_dir, prepare_synthetic_data, resume_checkpoint
+from srforge.train.prepare import checkpoint_file, claim_run_dir, prepare_synthetic_data, resume_checkpoint
 from srforge.train.rng import seed_everything
 from srforge.train.state import TrainState, restore, save_epoch
-from srforge.train.step import Progress, StepSettings, evaluate, train_epoch
+from srforge.train.step import NonFiniteLossError, Progress, StepSettings, evaluate, train_epoch
+from srforge.train.stop import WorkerLostError, cause, interrupts_held, worker_lost
 
 __all__ = ["train", "run_epoch", "Loop"]
 
 
 def train(
-    cfg: Config, resume: str | os.PathLike | None = None, checkpoint: dict[str, Any] | None = None
+    cfg: Config,
+    resume: str | os.PathLike | None = None,
+    checkpoint: dict[str, Any] | None = None,
+    *,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train by ``cfg`` (a resolved config); returns a summary with the final validation scores.
 
     ``resume`` (RUN_DIR or a checkpoint file) continues a run from its checkpoint; ``checkpoint`` is that file's
     content when the caller has read it already (srforge-train does, for its config), so it is read once.
+    ``run.dir`` is held for the whole run (a second process into it is refused) and must not hold another run
+    (last.pt, best.pt or metrics.jsonl) unless ``resume`` continues that very run, or ``overwrite`` removes its
+    files first: a RunExistsError otherwise, before anything is written.
     """
     processes = distributed.environment()
     ckpt = resume_checkpoint(resume, cfg.model, checkpoint)
     run_dir = Path(cfg.run.dir)
+    lock = None
     if processes.main:
-        prepare_run_dir(run_dir, cfg)
-    prepare_synthetic_data(cfg.data.synthetic, processes)
-    processes = distributed.start(processes, cfg.train.dist_timeout_s, cfg.run.device)
+        continues = resume is not None and checkpoint_file(resume).parent.resolve() == run_dir.resolve()
+        lock = claim_run_dir(run_dir, cfg, continues=continues, overwrite=overwrite)
     try:
-        with disk_full_names(run_dir):  # a full disk anywhere else (size caches, TensorBoard): the run folder is named
-            return _train(cfg, ckpt, processes, run_dir)
+        prepare_synthetic_data(cfg.data.synthetic, processes)
+        processes = distributed.start(processes, cfg.train.dist_timeout_s, cfg.run.device)
+        try:
+            with disk_full_names(run_dir):  # a full disk anywhere else (size caches, TensorBoard): the run folder
+                return _train(cfg, ckpt, processes, run_dir)
+        finally:
+            if processes.owns_group:
+                distributed.stop()
     finally:
-        if processes.owns_group:
-            distributed.stop()
+        if lock is not None:
+            lock.release()
 
 
 def _train(cfg: Config, ckpt: dict[str, Any] | None, processes: Processes, run_dir: Path) -> dict[str, Any]:
@@ -83,7 +104,7 @@ def _train(cfg: Config, ckpt: dict[str, Any] | None, processes: Processes, run_d
     tcfg, dcfg, seed = cfg.train, cfg.data, cfg.run.seed
     device = training_device(processes, cfg.run.device, tcfg.precision)
     seed_everything(seed)
-    data = build_data(dcfg, num_classes=cfg.model.num_classes, seed=seed, run_dir=run_dir)
+    data = build_data(dcfg, num_classes=cfg.model.num_classes, seed=seed, run_dir=run_dir, depth=cfg.model.depth)
     model, model_args = build_model(cfg.model, device, tcfg.channels_last)
     loaders = build_loaders(dcfg, data, divisor=model.size_divisor, seed=seed, processes=processes, device=device)
     state = build_state(cfg, model, model_args, loaders, device)
@@ -121,8 +142,9 @@ def _train(cfg: Config, ckpt: dict[str, Any] | None, processes: Processes, run_d
 def run_epoch(loop: Loop, epoch: int, progress: Progress, best: float) -> tuple[dict[str, Any], float]:
     """One epoch: the training pass, validation when due, best.pt / last.pt, the metrics row.
 
-    Returns (the epoch's metrics row, the best validation mean IoU so far). A Ctrl-C anywhere in it -- validation
-    and saving included -- writes last.pt at the batch reached, then propagates.
+    Returns (the epoch's metrics row, the best validation mean IoU so far). A Ctrl-C or SIGTERM anywhere in it --
+    validation and saving included -- writes last.pt at the batch reached, then propagates; so does a DataLoader
+    worker the system killed, as a WorkerLostError.
     """
     main = loop.processes.main
     loader = loop.loaders.epoch(epoch, skip=progress.batches_done)  # a resumed epoch skips the batches done
@@ -135,21 +157,32 @@ def run_epoch(loop: Loop, epoch: int, progress: Progress, best: float) -> tuple[
         if main:
             score = row["val_mean_iou"] if improved else best
             save_epoch(loop.state, loop.run_dir, epoch + 1, Progress(progress.step, 0), score, improved)
-            epoch_saved = True
+            epoch_saved, loop.last_saved = True, f"the end of epoch {epoch + 1}"
         best = row["val_mean_iou"] if improved else best
         progress.batches_done = 0
         if main:
             log_epoch(loop.run_dir, loop.writer, row, progress.step)
-    except KeyboardInterrupt:
+        return row, best
+    except KeyboardInterrupt as interrupt:
         if main:
-            _save_interrupted(loop, epoch, progress, best, epoch_saved)
+            _save_stopped(loop, epoch, progress, best, epoch_saved, interrupted_by=cause(interrupt))
         raise
-    return row, best
+    except RuntimeError as error:
+        lost = worker_lost(error)
+        if lost is None:
+            raise
+    # A worker died. Written here, past the except block, so that the epoch's DataLoader iterator -- held by the
+    # traceback -- is gone and its workers are shut down before last.pt is written.
+    reached = _save_stopped(loop, epoch, progress, best, epoch_saved) if main else "last.pt (rank 0 writes it)"
+    raise WorkerLostError(
+        f"{lost}; wrote {reached}. If memory ran short, use fewer data.num_workers (now {loop.loaders.num_workers}) "
+        f"or smaller batches (data.batch_size, data.max_pixels); then continue with --resume {loop.run_dir}"
+    )
 
 
 def _train_pass(loop: Loop, bar: tqdm, epoch: int, progress: Progress) -> dict[str, Any]:
     """The training pass over ``bar``'s batches; returns the epoch's metrics row, summed across ranks."""
-    state, main = loop.state, loop.processes.main
+    state, main, first = loop.state, loop.processes.main, progress.batches_done
     totals, confusion, seconds = train_epoch(
         loop.net,
         bar,
@@ -164,15 +197,37 @@ def _train_pass(loop: Loop, bar: tqdm, epoch: int, progress: Progress) -> dict[s
     )
     bar.close()
     loss_sum, batches_stepped, pixels = distributed.reduce_sum(totals).tolist()
+    train_scores = scores(distributed.reduce_sum(confusion).cpu())
+    no_class = math.isnan(train_scores["pixel_accuracy"])  # NaN exactly when no pixel had a class
+    _check_learned(loop, epoch, progress.batches_done - first, batches_stepped, whole=first == 0, no_class=no_class)
     return {
         "epoch": epoch + 1,
         "step": progress.step,
         "lr": state.scheduler.get_last_lr()[0],
         "train_loss": loss_sum / max(batches_stepped, 1),
-        "train_mean_iou": scores(distributed.reduce_sum(confusion).cpu())["mean_iou"],
+        "train_mean_iou": train_scores["mean_iou"],
         "real_pixels_per_s": pixels / seconds,
         "seconds": seconds,
     }
+
+
+def _check_learned(loop: Loop, epoch: int, batches: int, stepped: float, *, whole: bool, no_class: bool) -> None:
+    """An error for a training pass that taught nothing: ``batches`` run, none ``stepped`` (every loss NaN or
+    infinite, skipped by train.skip_nonfinite), or a ``whole`` epoch in which not one pixel had a class
+    (``no_class``: every mask all data.ignore_index). Without it the run would end "done" with NaN scores."""
+    if batches and not stepped:
+        raise NonFiniteLossError(
+            f"every batch of epoch {epoch + 1} was skipped as non-finite ({batches} batches, train.skip_nonfinite="
+            "true): no step was taken. Look for NaN or infinite pixels in the images, or lower train.lr if the loss "
+            "diverged."
+        )
+    if whole and stepped and no_class:
+        ignore = loop.settings.ignore_index
+        raise DataError(
+            f"no training pixel has a class: every mask of the training set is data.ignore_index={ignore} (epoch "
+            f"{epoch + 1}, {batches} batches), so there is nothing to learn. Check that the masks hold class ids "
+            f"0..{loop.settings.num_classes - 1}, or set data.ignore_index to the value that marks unlabelled pixels."
+        )
 
 
 def _validate(loop: Loop, row: dict[str, Any], best: float) -> bool:
@@ -183,21 +238,46 @@ def _validate(loop: Loop, row: dict[str, Any], best: float) -> bool:
     return math.isfinite(val["mean_iou"]) and val["mean_iou"] > best
 
 
-def _save_interrupted(loop: Loop, epoch: int, progress: Progress, best: float, epoch_saved: bool) -> None:
-    """After a Ctrl-C (main process): last.pt at the batch reached, unless the epoch's own is written already."""
-    if not epoch_saved:
-        loop.state.save(loop.run_dir / "last.pt", epoch, progress, best)
-    print(
-        f"\nsrforge: interrupted; wrote {loop.run_dir / 'last.pt'} (epoch {epoch + 1}, "
-        f"{progress.batches_done} batches done). Continue with --resume {loop.run_dir}"
-    )
+def _save_stopped(
+    loop: Loop, epoch: int, progress: Progress, best: float, epoch_saved: bool, interrupted_by: str | None = None
+) -> str:
+    """last.pt at the batch reached (main process), unless the epoch's own is written already; returns what it
+    holds ("RUN_DIR/last.pt at epoch 2, batch 3"). With ``interrupted_by`` (Ctrl-C, SIGTERM) the console says so,
+    what was written and how to continue.
+
+    Ctrl-C and SIGTERM are held while it is written (:func:`srforge.train.stop.interrupts_held`) and delivered
+    after. Should the write be cut short all the same, the console says that last.pt was not updated and what
+    it still holds, so that no one takes it for the batch reached.
+    """
+    path = loop.run_dir / "last.pt"
+    where = f"the end of epoch {epoch + 1}" if epoch_saved else f"epoch {epoch + 1}, batch {progress.batches_done}"
+    reached, written = f"{path} at {where}", epoch_saved
+    try:
+        with interrupts_held() as noted:
+            if not epoch_saved:
+                loop.state.save(path, epoch, progress, best)
+                written = True
+            if interrupted_by is not None:
+                print(
+                    f"\nsrforge: interrupted; wrote {reached} ({interrupted_by}). Continue with --resume {loop.run_dir}"
+                )
+            if noted:
+                print(f"srforge: {noted[0]} came while {path} was written; it was written in full first.")
+    except KeyboardInterrupt:
+        if not written:
+            print(
+                f"\nsrforge: interrupted again while {path} was written: it was NOT updated and still holds "
+                f"{loop.last_saved}, not {where}; --resume {loop.run_dir} repeats the batches since."
+            )
+        raise
+    return reached
 
 
 @dataclass
 class Loop:
     """What every epoch works with: the state a checkpoint holds, the module a step calls (``state.model`` or its
     DDP wrapper), the batches, the step's settings, this process, the run folder, TensorBoard (main process, when
-    installed), the number of epochs and how often to validate."""
+    installed), the number of epochs, how often to validate, and what this run's last.pt holds (for the console)."""
 
     state: TrainState
     net: torch.nn.Module
@@ -208,3 +288,4 @@ class Loop:
     writer: Any
     epochs: int
     val_every: int
+    last_saved: str = "what it held when this run started (if it existed)"

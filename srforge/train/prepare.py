@@ -1,20 +1,32 @@
-"""Before the process group starts: the resume checkpoint checked, the run folder made, the synthetic data there.
+"""Before the process group starts: the resume checkpoint checked, the run folder claimed, the synthetic data there.
 
-Each step here either fails before anything is written (a resume that would change the model) or is work a rank
-does alone, without a collective waiting on it (the run folder: the main process; synthetic data: one process
-per machine), so that ``train.dist_timeout_s`` bounds only the collectives that follow.
+Each step here either fails before anything is written (a resume that would change the model, a run folder that
+holds another run) or is work a rank does alone, without a collective waiting on it (the run folder: the main
+process; synthetic data: one process per machine), so that ``train.dist_timeout_s`` bounds only the collectives
+that follow.
+
+The run folder is one run's: :func:`claim_run_dir` holds it with a :class:`srforge.locks.FolderLock` for the
+whole run (a second process into it is refused, naming the holder), and refuses a folder that holds a finished
+or stopped run (``last.pt``, ``best.pt`` or ``metrics.jsonl``) unless the run continues it (``--resume``) or
+``overwrite`` removes that run's files first: a new run would replace its checkpoints and append its epochs to
+the old metrics.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from srforge.atomic import DiskFullError, atomic_write_text, disk_full_names, remove_stale_temporaries
 from srforge.config import ConfigError, dump
 from srforge.config.schema import Config, ModelSection, SyntheticSection
+from srforge.locks import LOCK_NAME, FolderLock
 from srforge.runtime.checkpoint import load_checkpoint
 from srforge.runtime.distributed import Processes
 from srforge.train.build import MODEL_ARGS
@@ -50,23 +62,109 @@ def resume_checkpoint(
     return ckpt
 
 
-def prepare_run_dir(run_dir: Path, cfg: Config) -> None:
-    """Create the run folder, sweep temporary files a killed run left there, write config.yaml.
+# A run folder holds a run when one of these is there; --overwrite removes PREVIOUS_RUN (the user's own files and
+# the size caches stay).
+RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl")
+PREVIOUS_RUN = (*RUN_FILES, "metrics.csv", "tensorboard")
 
-    A folder that cannot be written is a ConfigError naming it (rather than a traceback at the first checkpoint).
-    Only the main process calls this, before any other process can write into the folder.
+
+class RunExistsError(ConfigError):
+    """The run folder holds another run, and the new one neither continues it nor was told to overwrite it."""
+
+
+def claim_run_dir(run_dir: Path, cfg: Config, *, continues: bool = False, overwrite: bool = False) -> FolderLock:
+    """Hold ``run_dir`` for this run (main process) and prepare it; returns the lock, to release when the run ends.
+
+    ``continues``: the run resumes the checkpoint of this very folder. A folder holding another run is a
+    RunExistsError before anything is written, unless ``overwrite`` (its PREVIOUS_RUN files are removed once the
+    lock is held); one in use by another process is a FolderLockedError naming it, also before any write.
     """
+    if overwrite and continues:
+        raise ConfigError(
+            f"--overwrite with --resume {run_dir}: overwriting would remove the run that --resume continues. Drop "
+            "--overwrite to continue it, or give the resumed run another folder with run.dir=OTHER_FOLDER."
+        )
+    if not (continues or overwrite) and _previous_run(run_dir) and not _in_use(run_dir):
+        raise _run_exists(run_dir)
+    with _writable(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = FolderLock(run_dir, "run folder").acquire()
     try:
-        with disk_full_names(run_dir / "config.yaml"):
-            run_dir.mkdir(parents=True, exist_ok=True)
-            remove_stale_temporaries(run_dir)
-            atomic_write_text(run_dir / "config.yaml", dump(cfg))
+        if not continues and _previous_run(run_dir):  # again under the lock: a run may have ended there meanwhile
+            if not overwrite:
+                raise _run_exists(run_dir)
+            with _writable(run_dir):
+                _remove_previous_run(run_dir)
+        prepare_run_dir(run_dir, cfg)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _previous_run(run_dir: Path) -> list[str]:
+    return [name for name in RUN_FILES if (run_dir / name).exists()]
+
+
+def _run_exists(run_dir: Path) -> RunExistsError:
+    return RunExistsError(
+        f"{run_dir} already holds a run ({', '.join(_previous_run(run_dir))}); a new run there would replace its "
+        f"checkpoints and mix its metrics. Continue that run with --resume {run_dir}, start over with --overwrite "
+        "(removes its checkpoints, metrics.jsonl/csv and tensorboard/ first), or give the new run another folder: "
+        "run.dir=OTHER_FOLDER. (From Python: train(cfg, resume=RUN_DIR) or train(cfg, overwrite=True).)"
+    )
+
+
+def _in_use(run_dir: Path) -> bool:
+    """Whether another process holds ``run_dir``'s FolderLock; only reads (no lock file is made or written)."""
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # drops the shared lock, when it was taken
+    return False
+
+
+def _remove_previous_run(run_dir: Path) -> None:
+    """The previous run's checkpoints, metrics files and TensorBoard events, so that none survives into the new."""
+    for name in PREVIOUS_RUN:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+@contextmanager
+def _writable(run_dir: Path) -> Iterator[None]:
+    """A folder that cannot be written is a ConfigError naming it (rather than a traceback at the first write);
+    a full disk stays a DiskFullError."""
+    try:
+        with disk_full_names(run_dir):
+            yield
     except DiskFullError:
         raise
     except OSError as exc:
         raise ConfigError(
             f"run.dir: cannot write into {run_dir} ({exc.strerror or exc}); set run.dir to a folder you can write."
         ) from None
+
+
+def prepare_run_dir(run_dir: Path, cfg: Config) -> None:
+    """Create the run folder, sweep temporary files a killed run left there, write config.yaml.
+
+    A folder that cannot be written is a ConfigError naming it. Only the main process calls this, holding the
+    folder (:func:`claim_run_dir`), before any other process can write into it.
+    """
+    with _writable(run_dir), disk_full_names(run_dir / "config.yaml"):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(run_dir)
+        atomic_write_text(run_dir / "config.yaml", dump(cfg))
 
 
 def prepare_synthetic_data(synthetic: SyntheticSection, processes: Processes, poll_s: float = 0.5) -> None:
