@@ -5,6 +5,10 @@ interleave metrics, overwrite the other's checkpoints or sweep its temporary fil
 exclusive ``flock`` on ``FOLDER/.srforge.lock`` and writes who it is (pid, host, command, start time) into it;
 a second one is refused with a message that names the holder. The kernel drops the lock when the holder exits,
 however it exits (a kill -9 included), so a stale lock file never blocks a later run.
+
+An ``flock`` belongs to the open file, which a forked child (a DataLoader worker, a decoding process) would share:
+such a child could keep a killed holder's lock alive. Forked children therefore close their copy at once
+(``os.register_at_fork``), so the lock lives exactly as long as the process that took it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,19 @@ import sys
 from pathlib import Path
 
 LOCK_NAME = ".srforge.lock"
+_HELD: set[int] = set()  # descriptors of the locks this process holds
+
+
+def _close_in_child() -> None:
+    for fd in _HELD:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
 
 
 class FolderLockedError(RuntimeError):
@@ -62,10 +79,12 @@ class FolderLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd
+        _HELD.add(fd)
         return self
 
     def release(self) -> None:
         if self._fd is not None:
+            _HELD.discard(self._fd)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -1,9 +1,96 @@
-"""Fixtures that write tiny image/mask folders (tens of pixels) in every supported format."""
+"""Fixtures that write tiny image/mask folders (tens of pixels) in every supported format, and the check that no
+test leaves a process running."""
 
+import ctypes
+import gc
+import os
+import signal
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from helpers import labels, rgb, write
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphans of this process's descendants are re-parented to it, not to init
+# How long a test's processes may take to end after it: a pool shutting down, a killed tree; a DataLoader gives its
+# workers torch's MP_STATUS_CHECK_INTERVAL (5 s) to end before it terminates them.
+LEFTOVER_WAIT_S = 10.0
+
+
+def _adopt_orphans() -> None:
+    """Make pytest the subreaper of everything the tests start (Linux): a worker whose parent a test killed is
+    re-parented to pytest, where :func:`no_process_left_behind` sees it, instead of vanishing under init."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+_adopt_orphans()
+
+
+def _running_children() -> dict[int, list[int]]:
+    """{parent pid: [child pid]} of every process still running (zombies, which have ended, left out), read from
+    /proc/<pid>/stat: "pid (comm) state ppid ...", comm may hold spaces and parentheses."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):  # ended while we looked
+            continue
+        if fields[0] not in (b"Z", b"X"):
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    return children
+
+
+def _descendants(pid: int) -> set[int]:
+    children, found, todo = _running_children(), set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "?"
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """Fail a test that leaves a process running: every descendant of pytest (children, their children, and
+    orphans adopted by pytest) that was not there before the test must have ended within LEFTOVER_WAIT_S of its
+    end. Processes of wider-scoped fixtures (set up before this one) are there before, so they are left alone.
+    The leftovers are killed after being reported, so that they do not trouble the next tests."""
+    if not os.path.isdir("/proc/self"):
+        yield
+        return
+    before = _descendants(os.getpid())
+    yield
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    left = _descendants(os.getpid()) - before
+    if left:  # a DataLoader iterator caught in a reference cycle (an exception's traceback) ends its workers when
+        gc.collect()  # collected: collect now rather than blame the test for the collector's timing
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left &= _descendants(os.getpid())
+    if left:
+        described = "; ".join(f"{pid}: {_command(pid)}" for pid in sorted(left))
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        pytest.fail(f"{len(left)} process(es) still running {LEFTOVER_WAIT_S:.0f} s after the test: {described}")
 
 
 @pytest.fixture

@@ -33,3 +33,19 @@ def test_a_second_process_is_refused_and_the_lock_dies_with_its_holder(tmp_path)
         with pytest.raises(FolderLockedError):  # and one process cannot take it twice through two objects
             FolderLock(tmp_path).acquire()
     FolderLock(tmp_path).acquire().release()
+
+
+def test_a_forked_child_does_not_keep_the_lock_of_a_killed_holder(tmp_path):
+    """The holder forks a long-lived child (as a DataLoader worker or decoding process is), then dies by SIGKILL:
+    the folder is free at once although the child, which inherited the descriptor, still runs."""
+    child = "import os\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+    code = HOLD.replace('print("held"', child + 'print("held"')
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+        FolderLock(tmp_path).acquire().release()  # the orphaned child does not hold it
+    finally:
+        holder.stdout.close()
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)], check=False)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from srforge.cli.errors import RUN_FAILED, fail
+from srforge.cli.errors import INTERRUPTED, RUN_FAILED, fail
 from srforge.constants import PRECISIONS
 
 PROG = "srforge-predict"
@@ -17,14 +17,20 @@ outputs under --output DIR (<rel> = the scan's relative path without its suffix)
   overlays/<rel>.png        with --overlay: the scan with its classes drawn over it
   probabilities/<rel>.npy   with --probabilities: float16 [K, H, W] softmax probabilities (numpy.load)
   report.json, report.csv   per scan: name, size, status (ok / skipped / failed / rejected / stopped), error,
-                            class pixel fractions, milliseconds; report.json also holds the summary
-A rerun skips scans whose outputs are complete (decode, right size) unless --overwrite. Members with
-absolute paths, '..', links or devices are rejected, never read; nothing is written outside DIR.
+                            class pixel fractions, milliseconds; report.json also holds the summary and how
+                            many tiles each scan was cut into (1: predicted whole)
+Every mask, overlay and probabilities file carries srforge's mark, naming the model that wrote it. A rerun
+skips scans whose outputs are complete (decode, right size) and marked by the same model, unless
+--overwrite; outputs of another model are predicted again. A file at an output path that srforge did not
+write (no mark, e.g. ground-truth masks) is never overwritten, not even with --overwrite: that scan fails.
+DIR and the input never overlap. One run at a time writes into DIR (a second one exits 2, naming the first).
+Members with absolute paths, '..', links or devices are rejected, never read; nothing is written outside DIR.
 Several processes share one archive under torchrun (torchrun --nproc_per_node=N scripts/predict.py ...).
 
 exit status: 0 every scan ok or skipped; 1 some scan failed or was rejected, --strict stopped, no scans
-             found, or the disk filled; 2 bad arguments, a missing or unusable input or output, or a file
-             that is not a usable srforge checkpoint."""
+             found, or the disk filled; 2 bad arguments, a missing or unusable input or output, an output
+             folder in use by another run, or a file that is not a usable srforge checkpoint; 130 Ctrl-C and
+             143 SIGTERM, after writing the report with the scans not reached marked stopped."""
 
 
 def _int_at_least(minimum: int, also: tuple[str, ...] = ()):
@@ -125,17 +131,55 @@ def _print_summary(summary: dict, output: Path) -> None:
     )
 
 
+def _report_stamp(output: Path) -> tuple[int, int, int] | None:
+    """Which report.json lies in ``output`` now: a report is written to a new file renamed over the old one, so
+    the stamp changes exactly when a run writes its report."""
+    try:
+        info = (output / "report.json").stat()
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_mtime_ns
+
+
+def _stopped(exc: KeyboardInterrupt, report: Path, written: bool) -> int:
+    """Say that Ctrl-C or SIGTERM stopped the run, and whether the report was written; the exit status."""
+    from srforge.runtime.signals import TERMINATED_STATUS, Terminated
+
+    where = f"the report marks the scans not reached as stopped: {report}" if written else "no report was written"
+    print(f"{PROG}: stopped by {'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'}; {where}", file=sys.stderr)
+    return TERMINATED_STATUS if isinstance(exc, Terminated) else INTERRUPTED
+
+
 def main_predict(argv=None) -> int:
     """Predict class masks for every scan of a folder, .zip or .tar(.gz) with a trained srforge checkpoint."""
     from srforge.atomic import DiskFullError
-    from srforge.predict import OutputError, predict_archive
-    from srforge.predict.background import default_workers
-    from srforge.runtime.distributed import environment
+    from srforge.runtime.signals import terminate_as_interrupt
 
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed the message naming the option
         return int(exc.code or 0)
+    output = Path(args.output)
+    before = _report_stamp(output)
+    with terminate_as_interrupt():  # SIGTERM (a preemption) ends the run as Ctrl-C does: report, then exit
+        try:
+            return _predict(args)
+        except KeyboardInterrupt as exc:
+            return _stopped(exc, output / "report.json", _report_stamp(output) != before)
+        except DiskFullError as exc:
+            if _report_stamp(output) != before:
+                return fail(PROG, exc, "the report holds what was done")
+            where = output / "report.json"
+            note = f"the report could not be written either, so {where} does not hold this run; free space and rerun"
+            return fail(PROG, exc, f"{note} (finished scans are skipped)")
+
+
+def _predict(args) -> int:
+    from srforge.locks import FolderLockedError
+    from srforge.predict import OutputError, predict_archive
+    from srforge.predict.background import default_workers
+    from srforge.runtime.distributed import environment
+
     try:
         predictor, archive = _open(args)
     except (FileNotFoundError, ValueError, RuntimeError, OutputError) as exc:  # DataError is a ValueError
@@ -151,10 +195,8 @@ def main_predict(argv=None) -> int:
             summary = predict_archive(
                 predictor, archive, Path(args.output), **options, progress=not args.no_progress, workers=workers
             )
-    except (OutputError, KeyboardInterrupt) as exc:
+    except (OutputError, FolderLockedError) as exc:
         return fail(PROG, exc)
-    except DiskFullError as exc:
-        return fail(PROG, exc, "the report holds what was done")
     if environment().rank == 0:
         _print_summary(summary, Path(args.output))
     return 0 if summary["failed"] + summary["rejected"] + summary["stopped"] == 0 else RUN_FAILED

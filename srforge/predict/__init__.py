@@ -6,8 +6,10 @@ folder or archive of scans, in stages, with a report).
     pipeline     predict_archive: list, skip finished, share out, read, infer, write, report
     background   the read stage's decoding processes and the write stage's threads
     sharding     which process predicts which scans under torchrun (split_by_pixels)
-    folders      the input and output folders, checked before anything is read or written (OutputError)
-    outputs      one scan's files: paths, completeness, overlay, atomic writes
+    folders      the input and output folders, checked before anything is read or written (OutputError); the
+                 output folder held by one run at a time (hold_output)
+    outputs      one scan's files: paths, srforge's mark on each (whose file, which model), completeness,
+                 overlay, atomic writes
     report       one row a scan, the summary, report.json / report.csv, per-process partial reports
 """
 

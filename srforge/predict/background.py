@@ -7,16 +7,22 @@ each scan's outputs in background threads (or in turn), and adds its row to the 
 
 Memory stays bounded: the Reader keeps at most 2 x workers scans (and at least two batches) decoding and two
 decoded batches waiting; the Writer holds at most 2 x threads + one batch of scans not yet written.
+
+A decoding process leaves Ctrl-C and SIGTERM to the main process (which stops the run and writes the report) and
+dies with it however it ends, SIGKILL included (:func:`die_with_parent`): a forked worker blocked on its task
+pipe never sees that pipe close, since it holds the pipe's other end itself, so it would otherwise wait forever.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import io
 import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -57,9 +63,40 @@ def _decode(data: bytes, mode: str, label: str) -> torch.Tensor:
     return read_image(io.BytesIO(data), mode, label=label)
 
 
-def _worker_init() -> None:
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when the thread that forked it ends
+
+
+def _kernel_kills_orphan() -> bool:
+    """Ask Linux to SIGKILL this process when the thread that forked it ends; False where that is not possible."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:  # an orphan is adopted by another process: its parent pid changes
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process when process ``parent`` ends, however it ends: on Linux the kernel sends SIGKILL
+    (PR_SET_PDEATHSIG), elsewhere a thread ends it within half a second of its parent pid changing. The parent may
+    have died already, before either was in place: then end at once."""
+    if not _kernel_kills_orphan():
+        threading.Thread(target=_watch_parent, args=(parent,), name="srforge-parent-watch", daemon=True).start()
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _worker_init(parent: int) -> None:
     torch.set_num_threads(1)  # a decoder needs no intra-op threads, and a forked OpenMP pool must stay unused
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and SIGTERM are the main process's to handle: it stops
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the run, writes the report and ends its workers
+    die_with_parent(parent)
 
 
 class DecodedBatch:
@@ -107,7 +144,10 @@ class Reader(threading.Thread):
 
     def _new_pool(self) -> ProcessPoolExecutor:
         # fork: workers start at once and share the parent's imports; they run no torch threads (_worker_init).
-        pool = ProcessPoolExecutor(self.workers, multiprocessing.get_context("fork"), initializer=_worker_init)
+        # They are forked by the thread that calls this (the first submit): the main thread, or this reader thread
+        # when it replaces a broken pool; the kernel ends them when that thread ends, once they are no longer used.
+        context = multiprocessing.get_context("fork")
+        pool = ProcessPoolExecutor(self.workers, context, initializer=_worker_init, initargs=(os.getpid(),))
         for future in [pool.submit(int) for _ in range(self.workers)]:  # started now, not lazily from the reader thread
             future.result()
         return pool
@@ -196,6 +236,7 @@ class Writer:
 
     def __init__(self, out_dir: Path, archive, predictor: Predictor, report: Report, threads: int, backlog: int):
         self.out_dir, self.archive, self.k, self.report = out_dir, archive, predictor.num_classes, report
+        self.model = predictor.fingerprint  # the mark on every file written
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="srforge-writer") if threads else None
         self.slots = threading.Semaphore(backlog)  # scans handed over and not yet written
         self.error: BaseException | None = None  # StopRun or DiskFullError from a writer thread
@@ -221,14 +262,15 @@ class Writer:
         try:
             prediction.wait()
             probs = None if prediction.probabilities is None else prediction.probabilities.numpy()
-            fractions = write_scan(output_paths(self.out_dir, name), prediction.mask.numpy(), self.k, image, probs)
+            paths, mask = output_paths(self.out_dir, name), prediction.mask.numpy()
+            fractions = write_scan(paths, mask, self.k, image, probs, self.model)
         except DiskFullError:
             self.report.add(name, "stopped", size, error="not written: no space left", stop=False)
             raise
         except Exception as error:  # a name too long, a folder in the way: this scan fails, the rest go on
             return self.report.fail(name, size, error, "cannot write the outputs: ")
         ms += (time.perf_counter() - start) * 1000
-        self.report.add(name, "ok", size, fractions=fractions, ms=ms)
+        self.report.add(name, "ok", size, fractions=fractions, ms=ms, tiles=prediction.tiles)
 
     def check(self) -> None:
         """Raise in the main thread what a writer thread raised (StopRun, DiskFullError)."""

@@ -1,7 +1,9 @@
 """predict_archive: a Predictor over a whole archive, in stages, each on the resource it needs.
 
+    lock          the output folder is held by one run (rank 0 holds it for all its processes)
     list          ScanArchive: names, rejected members
-    skip finished sizes from headers; scans whose outputs are complete are skipped (each process a strided share)
+    skip finished sizes from headers; scans whose outputs are complete and bear this model's mark are skipped,
+                  scans with a file srforge did not write at an output path fail (each process a strided share)
     split         under torchrun, what is left is dealt to the processes by pixels (srforge.predict.sharding)
     plan          size-grouped batches under the pixel budget (Predictor.plan); a .tar.gz in archive-order pools
     read          member bytes in the main process, decoded in ``workers`` background processes, collated ahead
@@ -13,16 +15,18 @@
 bound they keep on memory, are in srforge.predict.background.
 
 Every scan ends as a row: ok, skipped, failed (the error says which stage), rejected (refused by ScanArchive),
-or stopped (not reached because the run stopped early: ``strict`` or a full disk). ``strict`` stops at the
-first failed or rejected scan by raising StopRun (srforge.predict.report) inside the stages; a full disk stops the
-run with DiskFullError, raised again after the report is written. :class:`Ending` records which, if either.
+or stopped (not reached because the run stopped early: ``strict``, a full disk, Ctrl-C or SIGTERM). ``strict``
+stops at the first failed or rejected scan by raising StopRun (srforge.predict.report) inside the stages; a full
+disk stops the run with DiskFullError, and Ctrl-C (or SIGTERM under srforge.runtime.signals) with
+KeyboardInterrupt, each raised again after the report is written. :class:`Ending` records which, if any.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +35,13 @@ from tqdm import tqdm
 
 from srforge.atomic import DiskFullError, remove_stale_temporaries
 from srforge.data.archive import ScanArchive
+from srforge.locks import FolderLockedError
 from srforge.predict.background import DecodedBatch, Reader, Writer, read_inline, writer_threads
-from srforge.predict.folders import prepare_output
-from srforge.predict.outputs import class_fractions, finished_mask, output_paths
+from srforge.predict.folders import OutputError, check_reports, hold_output, prepare_output
+from srforge.predict.outputs import class_fractions, finished_mask, foreign_outputs, not_srforge, output_paths
 from srforge.predict.predictor import Predictor
 from srforge.predict.report import (
+    PastReport,
     Report,
     StopRun,
     merge_partials,
@@ -54,26 +60,32 @@ Todo = list[tuple[int, tuple[int, int]]]  # [(archive index, (H, W))] of the sca
 
 
 # -- stages ---------------------------------------------------------------------------------------------
-def prepare_folder(job: Job) -> None:
-    """Create and check the output folder; rank 0 first sweeps what a killed run left (temporaries, partial
-    reports), before any other process writes, so the sweep never takes another rank's file in flight."""
+def prepare_folder(job: Job, held: contextlib.ExitStack) -> None:
+    """Create and check the output folder; rank 0 holds it for the run (``held`` releases it), then sweeps what a
+    killed run left (temporaries, partial reports), before any other process writes, so the sweep never takes a
+    file in flight: not another rank's, nor another run's, which cannot hold the folder meanwhile."""
     refused: Exception | None = None
     if job.rank == 0:
         try:
             prepare_output(job.out_dir)
+            held.enter_context(hold_output(job.out_dir))
+            check_reports(job.out_dir)
             remove_stale_temporaries(job.out_dir)
             remove_partials(job.out_dir)
-        except Exception as error:  # raised after the barrier, so that no other process waits for rank 0
+        except Exception as error:  # raised after the exchange, so that no other process waits for rank 0
             refused = error
-    distributed.barrier()
+    first = distributed.gather(None if refused is None else (isinstance(refused, FolderLockedError), str(refused)))[0]
     if refused is not None:
         raise refused
     if job.rank > 0:
         prepare_output(job.out_dir)  # the same check, and the same error, in every process
+        if first is not None:  # rank 0 was refused: so is every process of its run
+            raise (FolderLockedError if first[0] else OutputError)(first[1])
 
 
 def skip_finished(job: Job, indices: Sequence[int], report: Report) -> Todo:
-    """[(index, (H, W))] of ``indices`` still to predict; a row for each skipped or unreadable scan."""
+    """[(index, (H, W))] of ``indices`` still to predict; a row for each skipped or unreadable scan, and a failed
+    row for each scan with a file srforge did not write at one of its output paths (never overwritten)."""
     todo, k = [], job.predictor.num_classes
     for i in job.archive.in_archive_order(indices):
         name = job.archive.names[i]
@@ -82,11 +94,14 @@ def skip_finished(job: Job, indices: Sequence[int], report: Report) -> Todo:
         except Exception as error:  # any error reading one header is that scan's failure, not the run's
             report.fail(name, None, error, "cannot read the header: ")
             continue
-        mask = None if job.overwrite else finished_mask(output_paths(job.out_dir, name), size, k, job.wanted)
-        if mask is None:
-            todo.append((i, size))
-        else:
+        paths = output_paths(job.out_dir, name)
+        mask = None if job.overwrite else finished_mask(paths, size, k, job.wanted, job.predictor.fingerprint)
+        if mask is not None:  # finished by this model: srforge's files, nothing more to check
             report.add(name, "skipped", size, fractions=class_fractions(mask, k))
+        elif foreign := foreign_outputs(paths, job.wanted, lambda: job.past.predicted(name)):
+            report.fail(name, size, not_srforge(foreign[0], job.out_dir))
+        else:
+            todo.append((i, size))
     return todo
 
 
@@ -99,8 +114,8 @@ def list_and_skip(job: Job, report: Report, ending: Ending) -> tuple[list[int], 
             for name, reason in job.archive.rejected:
                 report.add(name, "rejected", error=reason)
         return checked, skip_finished(job, checked, report)
-    except StopRun:
-        ending.stopped = True
+    except (StopRun, KeyboardInterrupt) as error:
+        ending.note(error)
         return checked, []
 
 
@@ -155,8 +170,9 @@ def infer_and_write(batches: Iterator[DecodedBatch], job: Job, sizes: dict, writ
 
 
 def read_infer_write(job: Job, todo: Todo, report: Report, ending: Ending) -> None:
-    """Predict ``todo`` (nothing once ``ending.stopped``): read, infer and write; a StopRun or DiskFullError from
-    any stage ends the run in ``ending``, any other error propagates once the stages are shut down."""
+    """Predict ``todo`` (nothing once ``ending.stopped``): read, infer and write; a StopRun, DiskFullError or
+    KeyboardInterrupt (Ctrl-C, SIGTERM) in any stage ends the run in ``ending``, once the scans handed to the
+    writers are written; any other error propagates once the stages are shut down."""
     pools = plan_pools(job.archive, todo, job.predictor)
     reading = job.workers > 0 and todo and not ending.stopped
     reader = Reader(job.archive, pools, job.predictor, job.workers) if reading else None
@@ -167,7 +183,7 @@ def read_infer_write(job: Job, todo: Todo, report: Report, ending: Ending) -> No
         if not ending.stopped:
             read = reader if reader is not None else read_inline(job.archive, pools, job.predictor)
             infer_and_write(iter(read), job, dict(todo), writer, report)
-    except (StopRun, DiskFullError) as error:
+    except (StopRun, DiskFullError, KeyboardInterrupt) as error:
         ending.note(error)
     finally:
         if reader is not None:
@@ -200,6 +216,7 @@ def write_merged_report(job: Job, rows: list[dict], stopped: bool, start: float)
         input=str(job.archive.path),
         output=str(job.out_dir),
         processes=job.world,
+        model=job.predictor.fingerprint,
     )
     if job.rank == 0:
         write_report(job.out_dir, rows, summary, job.predictor.class_names)
@@ -207,14 +224,16 @@ def write_merged_report(job: Job, rows: list[dict], stopped: bool, start: float)
 
 
 def finish_report(job: Job, report: Report, ending: Ending, start: float) -> dict[str, Any] | None:
-    """The report stage: write the report and return its summary; after a full disk, write what can be written
-    and raise the DiskFullError that stopped the run."""
+    """The report stage: write the report and return its summary. After a full disk or an interruption, write what
+    can be written, then raise what stopped the run (an interruption first: a preempted run ends as one)."""
     try:
         summary = write_merged_report(job, list(report.by_name.values()), ending.stopped, start)
     except DiskFullError:
-        if ending.disk_full is None:
+        if ending.disk_full is None and ending.interrupted is None:
             raise
-        summary = None  # what report could be written was written; the disk is full either way
+        summary = None  # the disk is full either way; the caller tells whether report.json was written
+    if ending.interrupted is not None:
+        raise ending.interrupted
     if ending.disk_full is not None:
         raise ending.disk_full
     return summary
@@ -235,27 +254,31 @@ def predict_archive(
 ) -> dict[str, Any]:
     """Predict every scan of ``archive`` into ``out_dir`` (layout: srforge.predict.outputs); returns the summary.
 
-    Statuses: ok (predicted now), skipped (complete outputs found, ``overwrite=False``), failed (unreadable,
-    unpredictable or unwritable scan; the error says which), rejected (a member ScanArchive refused), stopped
-    (not reached: ``strict`` stopped at the first failed or rejected scan, or the disk filled). ``workers``
-    background processes decode scans (0: everything in this thread). Under torchrun each process takes its
-    share and rank 0 writes the merged report. Raises DiskFullError (after the report) when the disk fills.
+    Statuses: ok (predicted now), skipped (complete outputs of this model found, ``overwrite=False``), failed
+    (unreadable, unpredictable or unwritable scan, or a file srforge did not write at one of its output paths;
+    the error says which), rejected (a member ScanArchive refused), stopped (not reached: ``strict`` stopped at
+    the first failed or rejected scan, the disk filled, or the run was interrupted). ``workers`` background
+    processes decode scans (0: everything in this thread). The output folder is held for the run (FolderLock; a
+    second run into it raises FolderLockedError). Under torchrun each process takes its share and rank 0 writes
+    the merged report. Raises DiskFullError when the disk fills, KeyboardInterrupt on Ctrl-C (Terminated on a
+    SIGTERM under terminate_as_interrupt), each after writing what report it can.
     """
     start = time.perf_counter()
     processes = distributed.environment()
     distributed.join()
     wanted = ["mask"] + ["overlay"] * overlay + ["probabilities"] * probabilities
     job = Job(predictor, archive, Path(out_dir), wanted, overwrite, workers, processes.rank, processes.world)
-    prepare_folder(job)
-    bar = tqdm(
-        total=len(archive), unit="scan", desc="predict", disable=not progress or job.rank > 0, dynamic_ncols=True
-    )
-    report, ending = Report(strict, bar), Ending()
-    mine, todo = share_out(job, *list_and_skip(job, report, ending), ending)
-    read_infer_write(job, todo, report, ending)
-    bar.close()
-    add_unreached(archive, mine, dict(todo), report)
-    return finish_report(job, report, ending, start)
+    with contextlib.ExitStack() as held:
+        prepare_folder(job, held)
+        bar = tqdm(
+            total=len(archive), unit="scan", desc="predict", disable=not progress or job.rank > 0, dynamic_ncols=True
+        )
+        report, ending = Report(strict, bar), Ending()
+        mine, todo = share_out(job, *list_and_skip(job, report, ending), ending)
+        read_infer_write(job, todo, report, ending)
+        bar.close()
+        add_unreached(archive, mine, dict(todo), report)
+        return finish_report(job, report, ending, start)
 
 
 # -- what the stages share ------------------------------------------------------------------------------
@@ -271,19 +294,28 @@ class Job:
     workers: int
     rank: int
     world: int
+    past: PastReport = field(init=False)  # the scans the last report lists as predicted: their files are srforge's
+
+    def __post_init__(self) -> None:
+        self.past = PastReport(self.out_dir)
 
 
 @dataclass
 class Ending:
-    """How the run ended: ``stopped`` early (``strict``, a full disk, or another process stopped), and the
-    DiskFullError that stopped it, raised again once the report is written."""
+    """How the run ended: ``stopped`` early (``strict``, a full disk, an interruption, or another process
+    stopped), and the DiskFullError or KeyboardInterrupt that stopped it, raised again once the report is
+    written."""
 
     stopped: bool = False
     disk_full: DiskFullError | None = None
+    interrupted: KeyboardInterrupt | None = None
 
     def note(self, error: BaseException | None) -> None:
-        """Record a StopRun or DiskFullError from a stage; anything else (or None) ends nothing."""
+        """Record a StopRun, DiskFullError or KeyboardInterrupt from a stage; anything else (or None) ends
+        nothing."""
         if isinstance(error, DiskFullError):
             self.stopped, self.disk_full = True, error
+        elif isinstance(error, KeyboardInterrupt):
+            self.stopped, self.interrupted = True, self.interrupted or error
         elif isinstance(error, StopRun):
             self.stopped = True

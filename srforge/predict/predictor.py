@@ -15,6 +15,7 @@ a whole archive.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from srforge.data.collate import AlignedCollate
 from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.geometry import aligned_size
 from srforge.models.class_map import class_map
-from srforge.predict.tiling import predict_tiled, tile_shape
+from srforge.predict.tiling import predict_tiled, tile_grid, tile_shape
 from srforge.runtime.checkpoint import class_names_or_default, load_checkpoint, model_from_checkpoint
 from srforge.runtime.device import autocast, resolve_device
 from srforge.runtime.memory import cuda_pixel_budget, processes_per_device
@@ -67,9 +68,23 @@ def batch_cap(max_batch: int | str | None, device: torch.device) -> int | None:
     raise ValueError(f"max_batch must be 'auto', None, 0 (no cap) or an int >= 1, got {max_batch!r}")
 
 
+def fingerprint(model: torch.nn.Module, class_names: Sequence[str], image_mode: str) -> str:
+    """32 hex digits naming what decides a prediction: every weight and buffer of ``model`` (name, dtype, shape,
+    values), the class names and the PIL mode scans are decoded to. The same weights give the same fingerprint
+    whichever checkpoint file holds them (last.pt and a copy of it). The run's settings (device, precision, pixel
+    budget, batch cap, tile overlap) do not enter it: they move a prediction by rounding and tile seams at most,
+    and a rerun with other settings is meant to skip what is done."""
+    digest = hashlib.sha256(repr((list(class_names), image_mode)).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)};".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()[:32]
+
+
 @dataclass
 class Prediction:
-    """One scan's result on the host: ``mask`` uint8 [H, W] class ids; ``probabilities`` [K, H, W] or None.
+    """One scan's result on the host: ``mask`` uint8 [H, W] class ids; ``probabilities`` [K, H, W] or None;
+    ``tiles``: how many tiles it was predicted in (1: the whole scan at once).
 
     On CUDA the copies to the host may still be in flight: :meth:`wait` before reading them.
     """
@@ -77,6 +92,7 @@ class Prediction:
     mask: torch.Tensor
     probabilities: torch.Tensor | None = None
     ready: Any = None  # a torch.cuda.Event recorded after the copies, or None
+    tiles: int = 1
 
     def wait(self) -> Prediction:
         if self.ready is not None:
@@ -144,6 +160,14 @@ class Predictor:
                 f"(size_divisor {self.divisor}); raise it"
             )
         self.timings: list | None = None  # set to [] to record the time of every model call (busy_seconds)
+        self._fingerprint: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """The model's :func:`fingerprint`, computed once: every output file is marked with it."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.model, self.class_names, self.image_mode)
+        return self._fingerprint
 
     @classmethod
     def from_checkpoint(cls, path, *, device="auto", **options) -> Predictor:
@@ -283,7 +307,8 @@ class Predictor:
                 mask, probs = predict_tiled(
                     run, image, tile, self.overlap, self.divisor, max(1, budget // (tile[0] * tile[1]))
                 )
-                return Prediction(mask, probs)
+                rows, columns = tile_grid(*image.shape[-2:], tile, self.overlap, self.divisor)
+                return Prediction(mask, probs, tiles=len(rows) * len(columns))
             except RuntimeError as error:
                 if not is_out_of_memory(error) or (tile[0] * tile[1] <= smallest and budget <= smallest):
                     raise

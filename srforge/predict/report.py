@@ -3,12 +3,16 @@ one partial report per process, merged by rank 0.
 
 Under the output folder::
 
-    report.json, report.csv   per scan: name, status, size, error, class pixel fractions, milliseconds
+    report.json, report.csv   per scan: name, status, size, error, class pixel fractions, milliseconds;
+                              report.json also how many tiles each scan predicted now was cut into (1: none)
     .partial/                 one report per process while several processes share the archive (torchrun)
 
 A row's status is one of STATUSES: ok, skipped, failed (the error says which stage), rejected (refused by
 ScanArchive) or stopped (not reached: the run stopped early). :class:`Report` holds this process's rows and
-applies ``strict``: a failed or rejected row raises :class:`StopRun`.
+applies ``strict``: a failed or rejected row raises :class:`StopRun`. Names and errors are written as text any
+reader can take: a file name that is not valid UTF-8 keeps its undecodable bytes as ``\\xNN`` escapes
+(:func:`printable`). The next run reads the last report back (:class:`PastReport`): the scans it lists as
+predicted are srforge's, whatever lies at their output paths now.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from typing import Any
 
 from srforge.atomic import as_disk_full, atomic_write_text
 from srforge.data.images import DataError
+from srforge.data.naming import scan_stem
 
 STATUSES = ("ok", "skipped", "failed", "rejected", "stopped")
 PARTIAL = ".partial"  # per-process reports of a multi-process run, merged into report.json at the end
 
 
-def report_row(name, status, size=None, error=None, fractions=None, ms=None) -> dict[str, Any]:
-    """One scan's row of the report."""
+def report_row(name, status, size=None, error=None, fractions=None, ms=None, tiles=None) -> dict[str, Any]:
+    """One scan's row of the report (``tiles``: how many tiles a scan predicted now was cut into, 1 for none)."""
     height, width = size if size is not None else (None, None)
     return {
         "name": name,
@@ -39,7 +44,21 @@ def report_row(name, status, size=None, error=None, fractions=None, ms=None) -> 
         "error": error,
         "fractions": fractions,
         "ms": None if ms is None else round(ms, 2),
+        "tiles": tiles,
     }
+
+
+def printable(text: str) -> str:
+    """``text`` as valid UTF-8: the bytes of a file name that are not UTF-8 (which Python holds as lone surrogates,
+    os.fsdecode) become ``\\xNN`` escapes, so that ``scan_\\xff.png`` is written where the name would not encode."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _printable_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: printable(value) if isinstance(value, str) else value for key, value in row.items()}
 
 
 def summarise(rows: Sequence[dict], seconds: float, stopped_early: bool, **extra) -> dict[str, Any]:
@@ -64,7 +83,8 @@ def write_report(out_dir: Path, rows: list[dict], summary: dict, class_names: Se
 
 
 def _write_report(out_dir: Path, rows: list[dict], summary: dict, class_names: Sequence[str]) -> None:
-    rows = sorted(rows, key=lambda r: r["name"])
+    rows = [_printable_row(row) for row in sorted(rows, key=lambda r: r["name"])]
+    summary = _printable_row(summary)
     atomic_write_text(out_dir / "report.json", json.dumps({"summary": summary, "scans": rows}, indent=1))
     buffer = io.StringIO()
     fields = ["name", "status", "height", "width", "ms", "error"] + [f"frac_{c}" for c in class_names]
@@ -104,6 +124,30 @@ def remove_partials(out_dir: Path) -> None:
     """Drop partial reports a killed multi-process run left (its scans are found again by their outputs)."""
     for path in (out_dir / PARTIAL).glob("*.json") if (out_dir / PARTIAL).is_dir() else []:
         path.unlink(missing_ok=True)
+
+
+class PastReport:
+    """The scans the last report.json in ``out_dir`` lists as predicted (ok or skipped), read on first use (most
+    runs never ask: their outputs bear srforge's mark, or are not there). A missing or unreadable report lists
+    none."""
+
+    def __init__(self, out_dir: Path):
+        self.path = out_dir / "report.json"
+        self.stems: frozenset[str] | None = None
+
+    def predicted(self, name: str) -> bool:
+        """Whether the last report lists a scan with ``name``'s output name as predicted."""
+        if self.stems is None:
+            predicted = [row["name"] for row in self._rows() if row.get("status") in ("ok", "skipped")]
+            self.stems = frozenset(map(scan_stem, predicted))
+        return scan_stem(name) in self.stems
+
+    def _rows(self) -> list[dict]:
+        try:
+            rows = json.loads(self.path.read_text())["scans"]
+            return [row for row in rows if isinstance(row, dict) and isinstance(row.get("name"), str)]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
 
 
 class StopRun(Exception):

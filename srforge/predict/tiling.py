@@ -52,6 +52,16 @@ def tile_shape(height: int, width: int, max_pixels: int, divisor: int) -> tuple[
     return side, side
 
 
+def tile_grid(
+    height: int, width: int, tile: tuple[int, int], overlap: int, divisor: int
+) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]]:
+    """(row spans, column spans) of the tiles of an (H, W) scan (:func:`tile_spans` along each axis): the tiles are
+    every pair, ``len(rows) * len(columns)`` of them."""
+    ys = tile_spans(height, tile[0], min(overlap, tile[0] - divisor), divisor)
+    xs = tile_spans(width, tile[1], min(overlap, tile[1] - divisor), divisor)
+    return ys, xs
+
+
 def predict_tiled(
     run_batch: Callable[[list[torch.Tensor]], list[tuple[torch.Tensor | None, ...]]],
     image: torch.Tensor,
@@ -68,8 +78,7 @@ def predict_tiled(
     the class map of the stitched scores.
     """
     height, width = image.shape[-2:]
-    ys = tile_spans(height, tile[0], min(overlap, tile[0] - divisor), divisor)
-    xs = tile_spans(width, tile[1], min(overlap, tile[1] - divisor), divisor)
+    ys, xs = tile_grid(height, width, tile, overlap, divisor)
     tiles = [(y, x) for y in ys for x in xs]
     out: list[torch.Tensor | None] | None = None
     for first in range(0, len(tiles), tiles_per_batch):
