@@ -9,6 +9,19 @@ measured fp32 matmul peak. The masked norm layer alone is timed against F.group_
 
     python benchmarks/bench_model.py                      # ~1-2 min on 2 CPU cores
     python benchmarks/bench_model.py --base-channels 32 --repeats 5 --out /tmp/bench.json
+
+With ``--model`` (repeatable) it compares models side by side instead, on the same scans: srforge's ``unet`` and any
+smp model ``smp_<arch>_<encoder>`` (``smp_unet_resnet18``, ``smp_unet_tu-mobilenetv3_small_100``; random init),
+each with every ``--norm`` option of srforge.models.norms.apply_norm (srforge's UNet has its own padding-aware
+norm). Per row: forward+backward seconds in train mode (best and median of --repeats, interleaved across rows;
+under load from other processes the best is the steadier figure), the bytes one padded pixel costs in tensors kept
+for backward (autograd's saved tensors, each storage counted once, parameters not counted: the per-pixel part of a
+step's memory, the same on every device), and batch invariance: the max |logit difference| on a 64 x 96 scan's
+true extent, predicted alone vs batched with a 160 x 320 one (eval mode, both padded to the divisor by
+AlignedCollate).
+
+    python benchmarks/bench_model.py --model unet --model smp_unet_resnet18 \
+        --model smp_unet_tu-mobilenetv3_small_100 --norm keep group frozen masked --out /tmp/compare.json
 """
 
 import argparse
@@ -24,6 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from srforge import AlignedCollate
 from srforge.models import UNet, group_count, level_mask, masked_group_norm
+from srforge.models.norms import NORM_OPTIONS, apply_norm
 
 
 def spread(low: int, high: int, count: int) -> list[int]:
@@ -98,6 +112,95 @@ def norm_ratio(channels: int, image: torch.Tensor, sizes: torch.Tensor, repeats:
     return statistics.median(ratios)
 
 
+def build_model(spec: str, norm: str, args: argparse.Namespace) -> torch.nn.Module:
+    """``unet`` (base/depth from the flags; its own padding-aware norm) or ``smp_<arch>_<encoder>`` with ``norm``."""
+    torch.manual_seed(args.seed)
+    if spec == "unet":
+        return UNet(base_channels=args.base_channels, depth=args.depth).to(DEVICE)
+    kind, arch, encoder = (spec.split("_", 2) + ["", ""])[:3]
+    if kind != "smp" or not arch or not encoder:
+        raise SystemExit(f"--model must be unet or smp_<arch>_<encoder> (smp_unet_resnet18), got {spec!r}")
+    from srforge.models.smp import SmpModel
+
+    return apply_norm(SmpModel(arch=arch, encoder=encoder, encoder_weights=None), norm).to(DEVICE)
+
+
+def saved_bytes_per_pixel(model: torch.nn.Module, image: torch.Tensor, sizes: torch.Tensor) -> float:
+    """Bytes of the tensors autograd keeps for backward in one training forward, per padded pixel of ``image``:
+    each storage counted once, the model's parameters and buffers not at all."""
+    own = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    kept: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in own:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        logits = model(image, sizes)
+    del logits
+    return sum(kept.values()) / (image.shape[0] * image.shape[2] * image.shape[3])
+
+
+@torch.no_grad()
+def batch_invariance(model: torch.nn.Module, small=(64, 96), big=(160, 320)) -> float:
+    """Max |logit difference| on a ``small`` scan's true extent, predicted alone vs batched with a ``big`` one."""
+    model.eval()
+    torch.manual_seed(1)
+    alone, alone_sizes = padded_batch([small], model.in_channels, model.size_divisor)
+    pair, pair_sizes = padded_batch([small, big], model.in_channels, model.size_divisor)
+    pair[0] = 0
+    pair[0, :, : alone.shape[2], : alone.shape[3]] = alone[0]
+    one = model(alone.to(DEVICE), alone_sizes.to(DEVICE))[0, :, : small[0], : small[1]]
+    two = model(pair.to(DEVICE), pair_sizes.to(DEVICE))[0, :, : small[0], : small[1]]
+    model.train()
+    return float((one - two).abs().max())
+
+
+def compare(args: argparse.Namespace) -> None:
+    """The side-by-side table of --model x --norm (see the module docstring)."""
+    rows = []
+    for spec in args.model:
+        for norm in ["own"] if spec == "unet" else args.norm:
+            model = build_model(spec, norm, args)
+            sizes = list(zip(spread(*args.heights, args.batch), spread(*args.widths, args.batch)))
+            image, true_sizes = padded_batch(sizes, model.in_channels, model.size_divisor)
+            rows.append({"model": spec, "norm": norm, "module": model, "image": image.to(DEVICE),
+                         "sizes": true_sizes.to(DEVICE), "seconds": []})  # fmt: skip
+    for row in rows:  # warm-up, then interleaved timing so that load from other processes hits every row alike
+        row["module"].train()
+        train_step(row["module"], row["image"], row["sizes"])
+    for _ in range(args.repeats):
+        for row in rows:
+            row["seconds"] += seconds(lambda: train_step(row["module"], row["image"], row["sizes"]), 1)[-1:]
+    print(f"scans {sizes[0]} to {sizes[-1]}, batch {args.batch}, {torch.get_num_threads()} threads, on {DEVICE}")
+    header = f"{'model':36}{'norm':>8}{'params M':>10}{'divisor':>9}{'batch shape':>20}{'step s min/med':>16}"
+    print(header + f"{'KB/padded px':>14}{'max |dlogit|':>14}")
+    for row in rows:
+        model, image = row.pop("module"), row.pop("image")
+        row.update(
+            parameters=sum(p.numel() for p in model.parameters()),
+            size_divisor=model.size_divisor,
+            batch_shape=list(image.shape),
+            step_seconds=statistics.median(row["seconds"]),
+            step_seconds_min=min(row["seconds"]),
+            saved_bytes_per_pixel=saved_bytes_per_pixel(model, image, row.pop("sizes")),
+            batch_invariance=batch_invariance(model),
+        )
+        print(
+            f"{row['model']:36}{row['norm']:>8}{row['parameters'] / 1e6:10.2f}{row['size_divisor']:9d}"
+            f"{str(row['batch_shape']):>20}{row['step_seconds_min']:9.2f}/{row['step_seconds']:<6.2f}"
+            f"{row['saved_bytes_per_pixel'] / 1e3:14.2f}"
+            f"{row['batch_invariance']:14.2e}"
+        )
+    out = args.out or Path("benchmarks/results/bench_model_compare.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": str(DEVICE), "torch": torch.__version__, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=4, help="scans per batch")
@@ -110,13 +213,30 @@ def main() -> None:
     parser.add_argument("--matmul-size", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N): the model and every tensor there")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_model.json"))
+    parser.add_argument(
+        "--model",
+        action="append",
+        help="compare models side by side instead: unet or smp_<arch>_<encoder> (smp_unet_resnet18, "
+        "smp_unet_tu-mobilenetv3_small_100); repeat it for more",
+    )
+    parser.add_argument(
+        "--norm", nargs="+", choices=NORM_OPTIONS, default=["masked"], help="apply_norm options for smp models"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="JSON results (default benchmarks/results/bench_model.json, or bench_model_compare.json)",
+    )
     args = parser.parse_args()
     global DEVICE
     DEVICE = torch.device(args.device)
     if DEVICE.type == "cuda" and DEVICE.index is None:
         DEVICE = torch.device("cuda", torch.cuda.current_device())
 
+    if args.model:
+        compare(args)
+        return
+    args.out = args.out or Path("benchmarks/results/bench_model.json")
     torch.manual_seed(args.seed)
     model = UNet(base_channels=args.base_channels, depth=args.depth).to(DEVICE)
     sizes = list(zip(spread(*args.heights, args.batch), spread(*args.widths, args.batch)))

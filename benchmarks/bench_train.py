@@ -123,9 +123,18 @@ def welllog_budget_step(device: torch.device, repeats: int = 3) -> dict:
     cfg = resolve(yaml.safe_load((ROOT / "configs" / "welllog.yaml").read_text()))
     data, mcfg, tcfg = cfg["data"], cfg["model"], cfg["train"]
     height, width = 640, 4800
-    count = max(1, data["max_pixels"] // (height * width)) if data["max_pixels"] else data["batch_size"]
     model = UNet(**{k: mcfg[k] for k in ("in_channels", "num_classes", "base_channels", "depth", "max_channels")})
     model = model.to(device)
+    budget = data["max_pixels"]
+    if budget == "auto":  # what the trainer derives on this device: the probe, then the free memory's share
+        from srforge.runtime.memory import auto_budget, free_memory, planning_share
+        from srforge.train.step import StepSettings, probe_memory
+
+        layout = (tcfg["precision"], tcfg["channels_last"])
+        settings = StepSettings(device, *layout, mcfg["num_classes"], data["ignore_index"], tcfg["dice_weight"])
+        share = planning_share(free_memory(device), device.type)
+        budget = auto_budget(probe_memory(model, settings), share, device.type, model.size_divisor)[0]
+    count = max(1, budget // (height * width)) if budget else data["batch_size"]
     if tcfg["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

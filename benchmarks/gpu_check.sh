@@ -3,8 +3,10 @@
 # GPU:   bash benchmarks/gpu_check.sh
 #
 # Runs tests/test_cuda.py, benchmarks/bench_train.py --device cuda, benchmarks/bench_model.py (when it has a
-# --device option) and benchmarks/bench_predict.py --device cuda, each under its own time limit, in under 8 minutes
-# in all. Prints one "PASS <check>" / "FAIL <check>" / "SKIP <check>" line per check with its figures, then a summary
+# --device option), benchmarks/bench_predict.py --device cuda, and the training-memory checks of
+# benchmarks/bench_memory.py (the probe against a real step's peak at the auto budget, an out-of-memory batch
+# recovered, activation checkpointing's memory ratio with the bytes-per-pixel table), each under its own time
+# limit, in under 10 minutes in all. Prints one "PASS <check>" / "FAIL <check>" / "SKIP <check>" line per check with its figures, then a summary
 # line. Results (gpu_check.json, each benchmark's JSON, the test log) go to $OUT when that variable is set, else to
 # benchmarks/results/. Exit status: 0 every check passed, 1 some check failed, 2 no CUDA device (nothing checked).
 # PYTHON picks the interpreter (default: python3, else python).
@@ -15,7 +17,7 @@ RESULTS=${OUT:-benchmarks/results}
 mkdir -p "$RESULTS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 START=$(date +%s)
-TOTAL_S=${GPU_CHECK_TOTAL_S:-440}   # 8 minutes, less a margin for the untimed set-up, parsing and summary
+TOTAL_S=${GPU_CHECK_TOTAL_S:-560}   # 10 minutes, less a margin for the untimed set-up, parsing and summary
 declare -a NAMES=() STATUSES=() SECONDS_TAKEN=() FIGURES=()
 
 remaining() { echo $((TOTAL_S - ($(date +%s) - START))); }
@@ -55,7 +57,9 @@ TORCH=$("$PY" -c "import torch; print(torch.__version__, 'CUDA', torch.version.c
 echo "gpu_check: torch ${TORCH:-not importable}; device: ${DEVICE:-none}; results in $RESULTS"
 
 if [ -z "$DEVICE" ]; then
-    for check in test_cuda bench_train bench_model bench_predict; do record "$check" SKIP 0 "no CUDA device"; done
+    for check in test_cuda bench_train bench_model bench_predict memory_probe oom_recovery checkpointing; do
+        record "$check" SKIP 0 "no CUDA device"
+    done
     STATUS=2
 else
     # -- tests/test_cuda.py --------------------------------------------------------------------------------------
@@ -105,6 +109,39 @@ EOF
         "$PY" benchmarks/bench_predict.py --device cuda --n 12 --repeats 1 --out "$RESULTS/bench_predict.json"
     if [ "$RC" -eq 0 ]; then record "bench_predict" PASS "$TOOK" "$(grep -v '^\s*$' "$RESULTS/bench_predict.log" | tail -n 4 | paste -sd ';' -)"
     else record "bench_predict" FAIL "$TOOK" "$(why $RC "$RESULTS/bench_predict.log")"; fi
+
+    # -- training memory: the probe against a real step at the auto budget, an out-of-memory batch recovered -------
+    for check in probe oom; do
+        name=$([ "$check" = probe ] && echo memory_probe || echo oom_recovery)
+        run_step "$name" 90 "$RESULTS/$name.log" \
+            "$PY" benchmarks/bench_memory.py --device cuda --check "$check" --out "$RESULTS/$name.json"
+        case $RC in
+            0) record "$name" PASS "$TOOK" "$(grep -v '^\s*$' "$RESULTS/$name.log" | tail -n 1)" ;;
+            3) record "$name" FAIL "$TOOK" "goal missed: $(grep -v '^\s*$' "$RESULTS/$name.log" | tail -n 1)" ;;
+            *) record "$name" FAIL "$TOOK" "$(why $RC "$RESULTS/$name.log")" ;;
+        esac
+    done
+
+    # -- activation checkpointing's memory ratio on the device (and the bytes-per-pixel table) -------------------
+    run_step "checkpointing" 90 "$RESULTS/bench_memory.log" \
+        "$PY" benchmarks/bench_memory.py --device cuda --out "$RESULTS/bench_memory.json"
+    if [ "$RC" -eq 0 ]; then
+        FIG=$("$PY" - "$RESULTS/bench_memory.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+by = {(x["base_channels"], x["precision"], x["checkpointing"]): x["bytes_per_pixel"] for x in r["rows"]}
+ratios = {p: by[(32, p, False)] / by[(32, p, True)] for p in ("fp32", "bf16") if (32, p, True) in by}
+t = r["checkpointing_time"].get("32", {})
+print("; ".join(f"base 32 {p}: {by[(32, p, False)]:,.0f} -> {by[(32, p, True)]:,.0f} B/px ({q:.2f}x, goal >= 2x)"
+                for p, q in ratios.items())
+      + (f"; step time with checkpointing {t['ratio']:.2f}x" if t else ""))
+sys.exit(0 if ratios and min(ratios.values()) >= 2 else 3)
+EOF
+)
+        case $? in 0) record "checkpointing" PASS "$TOOK" "$FIG" ;; *) record "checkpointing" FAIL "$TOOK" "goal missed: $FIG" ;; esac
+    else
+        record "checkpointing" FAIL "$TOOK" "$(why $RC "$RESULTS/bench_memory.log")"
+    fi
     STATUS=0
 fi
 

@@ -23,8 +23,11 @@ def test_gpu_check_without_a_gpu_says_so_and_exits_2(tmp_path):
     )
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert lines[-1].startswith("gpu_check: no CUDA device: nothing checked (4 skipped)"), done.stdout
+    assert lines[-1].startswith("gpu_check: no CUDA device: nothing checked (7 skipped)"), done.stdout
     assert not any(line.startswith("FAIL") for line in lines), done.stdout  # the install step did not fail
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["exit_status"] == 2 and report["device"] is None
-    assert [c["status"] for c in report["checks"]] == ["SKIP"] * 4
+    checks = ["test_cuda", "bench_train", "bench_model", "bench_predict"]
+    checks += ["memory_probe", "oom_recovery", "checkpointing"]
+    assert [c["check"] for c in report["checks"]] == checks
+    assert [c["status"] for c in report["checks"]] == ["SKIP"] * 7

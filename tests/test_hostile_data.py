@@ -191,3 +191,11 @@ def test_training_refuses_a_depth_deeper_than_the_scans_before_building_a_model(
     err = capsys.readouterr().err
     assert "srforge-train: error: model.depth:" in err and "use depth" in err and "Traceback" not in err
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_a_model_class_that_is_not_a_module_is_refused_before_the_run_folder_exists(tmp_path, capsys):
+    config = {"run": {"dir": str(tmp_path / "run"), "device": "cpu"}, "model": {"class": "os:getcwd"}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main_train(["--config", str(tmp_path / "config.yaml")]) == 2
+    assert "model.class: os:getcwd is builtin_function_or_method, not a torch.nn.Module" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

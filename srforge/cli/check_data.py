@@ -1,4 +1,10 @@
-"""srforge-check-data: decode every pair of a dataset folder, report problems, draw the batch layout."""
+"""srforge-check-data: decode every pair of a dataset folder, report problems, draw the batch layout.
+
+With ``--config FILE`` the settings come from a training config wherever the command line leaves them out: the
+class count and ignore index of the mask check, the batching of the picture, and its size divisor -- 2**model.depth
+for srforge's UNet, else the ``size_divisor`` of the configured model, built on the CPU (no weights file is read).
+Without it they are the trainer's defaults.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +22,28 @@ def main_check_data(argv=None) -> int:
     parser.add_argument("root", help="dataset folder holding images/ and masks/")
     parser.add_argument("--images", default="images", help="image subfolder (default images)")
     parser.add_argument("--masks", default="masks", help="mask subfolder (default masks)")
-    parser.add_argument("--num-classes", type=int, default=None, help="mask values must be below this")
-    parser.add_argument("--ignore-index", type=int, default=IGNORE_INDEX, help="mask value exempt from --num-classes")
+    parser.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        help="mask values must be below this (default: the config's, else none)",
+    )
+    parser.add_argument(
+        "--ignore-index",
+        type=int,
+        default=None,
+        help=f"mask value exempt from --num-classes (default: the config's data.ignore_index, else {IGNORE_INDEX})",
+    )
     parser.add_argument("--image-mode", default="RGB", help="PIL mode images are converted to (default RGB)")
+    parser.add_argument(
+        "--config", metavar="FILE", help="a training config: the defaults of every setting here, the model's divisor"
+    )
     _add_plot_arguments(parser)
     args = parser.parse_args(argv)
     if args.num_classes is not None and args.num_classes < 1:
         parser.error(f"--num-classes must be >= 1, found {args.num_classes}")
     _check_plot_arguments(parser, args)
+    _fill_from_config(parser, args)
     count, problems = check_folder(
         args.root,
         args.images,
@@ -46,10 +66,10 @@ def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
 
     defaults = Config()
 
-    group = parser.add_argument_group("batch-layout picture (--plot); defaults are the trainer's")
+    group = parser.add_argument_group("batch-layout picture (--plot); defaults are --config's, else the trainer's")
     group.add_argument("--plot", metavar="OUT.png", help="draw the first training batches and the size histogram")
     group.add_argument(
-        "--batch-size", type=int, default=defaults.data.batch_size, help="data.batch_size (default %(default)s)"
+        "--batch-size", type=int, default=None, help=f"data.batch_size (default {defaults.data.batch_size})"
     )
     group.add_argument(
         "--max-pixels",
@@ -60,9 +80,9 @@ def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--depth",
         type=int,
-        default=defaults.model.depth,
+        default=None,
         help=f"model.depth: size divisor 2**depth; 1 to {MAX_DEPTH}, and refused where its deepest stage would see "
-        "every scan as a single row or column (default %(default)s)",
+        f"every scan as a single row or column (default {defaults.model.depth})",
     )
     group.add_argument(
         "--divisor",
@@ -73,10 +93,10 @@ def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--val-fraction",
         type=float,
-        default=defaults.data.val_fraction,
-        help="data.val_fraction, 0 for no split (default %(default)s)",
+        default=None,
+        help=f"data.val_fraction, 0 for no split (default {defaults.data.val_fraction})",
     )
-    group.add_argument("--seed", type=int, default=defaults.run.seed, help="run.seed (default %(default)s)")
+    group.add_argument("--seed", type=int, default=None, help=f"run.seed (default {defaults.run.seed})")
     group.add_argument("--plot-batches", type=int, default=4, help="batches to draw (default 4)")
 
 
@@ -85,13 +105,56 @@ def _check_plot_arguments(parser: argparse.ArgumentParser, args) -> None:
     deeper net only pads, and 2**40 would ask for more memory than any machine has. Exits 2 naming the bound."""
     from srforge.config.schema import MAX_DEPTH
 
-    if not 1 <= args.depth <= MAX_DEPTH:
+    if args.depth is not None and not 1 <= args.depth <= MAX_DEPTH:
         parser.error(
             f"--depth must be 1 to {MAX_DEPTH} (model.depth; size divisor 2**depth, at most {2**MAX_DEPTH:,} px), "
             f"found {args.depth}"
         )
     if args.divisor is not None and not 1 <= args.divisor <= 2**MAX_DEPTH:
         parser.error(f"--divisor must be 1 to {2**MAX_DEPTH:,} (2**{MAX_DEPTH}), found {args.divisor}")
+
+
+def _fill_from_config(parser: argparse.ArgumentParser, args) -> None:
+    """Every setting the command line left out, from --config (else the trainer's defaults). A --plot without
+    --depth or --divisor takes the configured model's divisor. A config that does not load, or a model that does
+    not build, exits 2 naming it."""
+    from srforge.config import ConfigError, load_config
+    from srforge.config.schema import UNET_CLASSES, Config
+
+    try:
+        cfg = load_config(args.config) if args.config else Config()
+    except ConfigError as exc:
+        parser.error(f"--config: {exc}")
+    if args.config and args.num_classes is None:
+        args.num_classes = cfg.model.num_classes
+    args.ignore_index = cfg.data.ignore_index if args.ignore_index is None else args.ignore_index
+    if args.batch_size is None and args.max_pixels is None:
+        args.batch_size, args.max_pixels = cfg.data.batch_size, cfg.data.max_pixels
+    if args.max_pixels == "auto":  # measured on the training device at start: draw at the CPU's budget instead
+        from srforge.runtime.memory import MAX_CPU_PIXELS
+
+        args.max_pixels = MAX_CPU_PIXELS
+    args.val_fraction = cfg.data.val_fraction if args.val_fraction is None else args.val_fraction
+    args.seed = cfg.run.seed if args.seed is None else args.seed
+    if args.depth is not None or args.divisor is not None:
+        return
+    if cfg.model.class_ in UNET_CLASSES:
+        args.depth = cfg.model.depth
+    elif args.plot:
+        args.divisor = _model_divisor(parser, cfg)
+
+
+def _model_divisor(parser: argparse.ArgumentParser, cfg) -> int:
+    """The size divisor of the model ``cfg`` configures, built on the CPU without its weights file."""
+    import torch
+
+    from srforge.train.build import build_model
+
+    try:
+        model, _ = build_model(cfg.model, torch.device("cpu"), channels_last=False, load_weights=False)
+    except (ImportError, ValueError) as exc:  # ConfigError is a ValueError
+        parser.error(f"--config: cannot build the model for its size divisor: {exc}")
+    return model.size_divisor
 
 
 def _plot_layout(args) -> bool:

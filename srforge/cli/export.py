@@ -1,17 +1,47 @@
-"""srforge-export: a checkpoint to ONNX, checked in onnxruntime."""
+"""srforge-export: a checkpoint to ONNX, checked in onnxruntime.
+
+The model is rebuilt from the checkpoint alone. Its class is imported only when it may be
+(srforge.config.trust.check_checkpoint_model): srforge's own, named as model.class by the config.yaml of the run
+folder the checkpoint sits in, or named with ``--allow-model module:Class``; anything else exits 2 saying how to
+allow it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 
 from srforge.cli.errors import fail
 
 PROG = "srforge-export"
 
 
+def import_path(text: str) -> str:
+    """An argparse type: "module.path:ClassName"."""
+    module_name, _, name = text.partition(":")
+    if not module_name or not name:
+        raise argparse.ArgumentTypeError(f"expected 'module.path:ClassName', got {text!r}")
+    return text
+
+
+def add_allow_model(parser: argparse.ArgumentParser) -> None:
+    """--allow-model, shared by srforge-export and srforge-predict."""
+    parser.add_argument(
+        "--allow-model",
+        action="append",
+        default=[],
+        type=import_path,
+        metavar="MODULE:CLASS",
+        help="import this model class when the checkpoint names it (repeatable); without it only srforge's own "
+        "classes and the one the config.yaml beside the checkpoint names are imported",
+    )
+
+
 def main_export(argv=None) -> int:
     """Export a trained srforge checkpoint to ONNX (dynamic batch, H, W) and check it against PyTorch."""
-    from srforge.export.onnx import EXTRA, TOLERANCE, OnnxCheckError, check_onnx, export_onnx, require
+    from srforge.config import import_object
+    from srforge.config.trust import check_checkpoint_model
+    from srforge.export.onnx import EXTRA, TOLERANCE, OnnxCheckError, check_onnx, export_onnx, require, takes_sizes
     from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint
 
     parser = argparse.ArgumentParser(prog=PROG, description=main_export.__doc__)
@@ -19,10 +49,13 @@ def main_export(argv=None) -> int:
     parser.add_argument("--output", required=True, help="the .onnx file to write")
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: torch's choice)")
     parser.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
+    add_allow_model(parser)
     args = parser.parse_args(argv)
     try:
         ckpt = load_checkpoint(args.checkpoint)
-        model = model_from_checkpoint(ckpt, args.checkpoint)
+        path = check_checkpoint_model(ckpt, args.checkpoint, args.allow_model)
+        resolve = functools.partial(import_object, key=f"{args.checkpoint}: model_class")
+        model = model_from_checkpoint(ckpt, args.checkpoint, allowed=[path], resolve=resolve)
         require("onnx", "onnxscript")
     except (ImportError, FileNotFoundError, ValueError) as exc:
         return fail(PROG, exc)
@@ -31,7 +64,7 @@ def main_export(argv=None) -> int:
     except OSError as exc:  # an output path that cannot be written
         return fail(PROG, OSError(f"cannot write {args.output}: {exc}"))
     d = model.size_divisor
-    inputs = "image uint8 [B, C, H, W]" + (", sizes int64 [B, 2]" if model.padding_aware else "")
+    inputs = "image uint8 [B, C, H, W]" + (", sizes int64 [B, 2]" if takes_sizes(model) else "")
     print(
         f"srforge-export: wrote {path} ({path.stat().st_size / 1e6:.2f} MB): {inputs} -> logits [B, K, H, W], "
         f"H and W multiples of {d}"

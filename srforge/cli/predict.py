@@ -29,8 +29,10 @@ Several processes share one archive under torchrun (torchrun --nproc_per_node=N 
 
 exit status: 0 every scan ok or skipped; 1 some scan failed or was rejected, --strict stopped, no scans
              found, or the disk filled; 2 bad arguments, a missing or unusable input or output, an output
-             folder in use by another run, or a file that is not a usable srforge checkpoint; 130 Ctrl-C and
-             143 SIGTERM, after writing the report with the scans not reached marked stopped."""
+             folder in use by another run, a file that is not a usable srforge checkpoint, or one whose model
+             class is not allowed (srforge's own, the one the config.yaml beside the checkpoint names, or
+             --allow-model MODULE:CLASS); 130 Ctrl-C and 143 SIGTERM, after writing the report with the scans
+             not reached marked stopped."""
 
 
 def _int_at_least(minimum: int, also: tuple[str, ...] = ()):
@@ -52,6 +54,7 @@ def _int_at_least(minimum: int, also: tuple[str, ...] = ()):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from srforge.cli.export import add_allow_model
     from srforge.predict.background import default_workers
     from srforge.predict.predictor import DEFAULT_CPU_PIXELS
 
@@ -97,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true", help="predict again scans whose outputs exist")
     parser.add_argument("--strict", action="store_true", help="stop at the first failed or rejected scan")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_allow_model(parser)
     return parser
 
 
@@ -112,6 +116,7 @@ def _open(args):
     check_output(output, source)
     predictor = Predictor.from_checkpoint(
         args.checkpoint,
+        allow_model=args.allow_model,
         device=rank_device(args.device),
         precision=args.precision,
         max_pixels=args.max_pixels,

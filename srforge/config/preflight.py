@@ -39,8 +39,20 @@ def check_dataset(spec: Mapping[str, Any], key: str, generated_root: str | None 
             raise ConfigError(f"{key}.args.root: {root} does not exist; set it to your dataset folder.")
 
 
+def check_model_class(spec: str) -> None:
+    """``model.class`` imports, and is an nn.Module subclass (nothing else is ever called)."""
+    from srforge.models.build import model_class
+
+    try:
+        model_class(spec, lambda path: import_object(path, "model.class"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def check_before_training(cfg: Mapping[str, Any]) -> None:
-    """Every check above for a resolved training config, and ``run.device`` names a device this machine has."""
+    """Every check above for a resolved training config, ``model.class`` imports as an nn.Module subclass, and
+    ``run.device`` names a device this machine has."""
+    check_model_class(cfg.model.class_)
     data = cfg.data
     check_dataset(data.dataset, "data.dataset", data.synthetic.root)
     if data.val_dataset.class_ is not None:

@@ -66,6 +66,23 @@ def augment_recipe(value: Any, path: str) -> None:
         raise ConfigError(str(exc)) from None
 
 
+def pixel_budget(value: Any, path: str) -> None:
+    """An int >= 1, "auto" or null."""
+    if isinstance(value, str) and value != "auto":
+        raise ConfigError(f"{path}: expected an int >= 1, auto or null, found {value!r}.")
+    if isinstance(value, int) and value < 1:
+        raise ConfigError(f"{path}: expected an integer >= 1 (or auto), found {value}.")
+
+
+def crop_size(value: Any, path: str) -> None:
+    """null, an int >= 1, or [H, W] of them."""
+    pair = [value, value] if isinstance(value, int) else value
+    if pair is not None and (
+        len(pair) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair)
+    ):
+        raise ConfigError(f"{path}: expected an int >= 1 or [H, W] of them (e.g. [512, 4096]), found {value!r}.")
+
+
 # -- the sections ------------------------------------------------------------------------------------------
 class RunSection(Section, path="run"):
     dir: str = key("runs/quickstart", "the run folder: checkpoints, metrics.jsonl, config.yaml")
@@ -114,7 +131,18 @@ class DataSection(Section, path="data"):
     fields: dict = key({}, "where the Dataset keeps each canonical field: {image: scan, mask: labels, name: id}")
     synthetic: SyntheticSection = part("synthetic well-log scans generated for the quickstart")
     batch_size: int | None = key(4, "scans per batch (set this or max_pixels, the other null)", minimum=1)
-    max_pixels: int | None = key(None, "padded pixels per batch, a budget instead of batch_size", minimum=1)
+    max_pixels: int | str | None = key(
+        None,
+        "padded pixels per batch, a budget instead of batch_size; auto: the most whose training step fits the "
+        "device, from the step's measured bytes per pixel and the free memory",
+        rule=pixel_budget,
+    )
+    crop: int | list | None = key(
+        None,
+        "train on random crops of at most [H, W] (or N x N) px, rounded down to the model's size divisor, of every "
+        "scan larger than that; smaller scans, validation and prediction stay whole",
+        rule=crop_size,
+    )
     num_workers: int = key(0, "DataLoader worker processes (0: load in the training process)", minimum=0)
     augment: dict = key(
         {}, "per-scan augmentation: hflip, vflip, affine, color_jitter, noise, crop", rule=augment_recipe
@@ -124,20 +152,64 @@ class DataSection(Section, path="data"):
     )
 
 
+# srforge's own UNet, the default model.class; the other paths name the same class. Only it takes the UNet keys
+# (base_channels, depth, max_channels, padding_aware); any other class takes in_channels, num_classes and
+# model.args (srforge.train.build.model_kwargs). Written as text, and again in srforge.models.build (the same values,
+# held equal by a test): reading a config loads no torch.
+UNET_CLASS = "srforge.models.unet:UNet"
+UNET_CLASSES = (UNET_CLASS, "srforge.models:UNet", "srforge:UNet")
+UNET_KEYS = ("base_channels", "depth", "max_channels", "padding_aware")
+NORMS = ("keep", "group", "frozen", "masked")
+
+
 class ModelSection(Section, path="model"):
+    class_: str = key(
+        UNET_CLASS,
+        "the model class, 'module.path:ClassName': an nn.Module meeting srforge.models.contract, built as "
+        "Class(in_channels=, num_classes=, **args) (srforge's UNet also takes the UNet keys below)",
+        name="class",
+        rule=import_path,
+    )
+    args: dict = key({}, "further keyword arguments of the model class (not in_channels or num_classes)")
     in_channels: int = key(3, "image channels", minimum=1)
     num_classes: int = key(2, "classes the model predicts; mask values must be below it (or ignore_index)", minimum=1)
-    base_channels: int = key(16, "channels of the first level, doubled at each level down", minimum=1)
+    base_channels: int = key(16, "UNet only: channels of the first level, doubled at each level down", minimum=1)
     depth: int = key(
         5,
-        f"stride-2 stages; the size divisor is 2**depth, at most 2**{MAX_DEPTH} = {2**MAX_DEPTH:,} px, beyond any scan",
+        f"UNet only: stride-2 stages; the size divisor is 2**depth, at most 2**{MAX_DEPTH} = {2**MAX_DEPTH:,} px, "
+        "beyond any scan",
         minimum=1,
         maximum=MAX_DEPTH,
     )
-    max_channels: int = key(512, "the most channels any level has")
-    padding_aware: bool = key(True, "normalise over valid pixels only: a scan's logits ignore its batch-mates")
+    max_channels: int = key(512, "UNet only: the most channels any level has")
+    padding_aware: bool = key(
+        True, "UNet only: normalise over valid pixels only: a scan's logits ignore its batch-mates"
+    )
+    norm: str = key(
+        "keep",
+        "the model's normalisation layers: keep | group (BatchNorm -> GroupNorm) | frozen (BatchNorm with fixed "
+        "statistics) | masked (padding-aware, statistics over valid pixels only)",
+        choices=NORMS,
+    )
+    weights: str | None = key(
+        None,
+        "a state-dict file (.pt, .pth, .safetensors) loaded at the start of a fresh run (not on resume); null: none",
+    )
+    weights_into: str = key(
+        "model",
+        "what model.weights loads into: the whole model, or its encoder attribute",
+        choices=("model", "encoder"),
+    )
+    weights_strict: bool = key(
+        True, "every tensor of model.weights must fit (false: load those that fit and report the rest)"
+    )
     class_names: list | None = key(
         None, "one name per class, for reports and checkpoints (null: class_0, class_1, ...)", rule=class_names
+    )
+    checkpointing: bool = key(
+        False,
+        "activation checkpointing: recompute each level's activations in backward (fewer bytes per padded pixel, "
+        "a slower step); srforge's UNet, or any model with a checkpointing attribute",
     )
 
 
@@ -148,7 +220,13 @@ class TrainSection(Section, path="train"):
     )
     lr: float | int = key(1e-3, "AdamW's peak learning rate, reached after warmup", rule=positive("a positive number"))
     weight_decay: float | int = key(1e-4, "AdamW's weight decay")
-    warmup_steps: int = key(10, "steps of linear warm-up before the cosine decay")
+    warmup_steps: int = key(10, "optimizer steps of linear warm-up before the cosine decay")
+    accumulate: int = key(
+        1,
+        "batches per optimizer step (gradient accumulation): the step's gradients are those of one batch of them "
+        "all, its pixels weighted alike; the LR schedule counts optimizer steps",
+        minimum=1,
+    )
     min_lr_ratio: float | int = key(0.01, "the cosine decay's final learning rate, as a fraction of lr")
     grad_clip: float | int | None = key(1.0, "bound on the gradient norm (null or 0: no clipping)")
     precision: str = key("fp32", "fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)", choices=PRECISIONS)
@@ -172,7 +250,7 @@ class Config(Section):
 
     run: RunSection = part("where the run writes, its seed and its device")
     data: DataSection = part("datasets, batching, augmentation")
-    model: ModelSection = part("the U-Net")
+    model: ModelSection = part("the model: srforge's UNet, or any nn.Module class by import path")
     train: TrainSection = part("optimisation and the training loop")
 
     def check(self) -> None:
@@ -224,7 +302,25 @@ def ignore_index_is_no_class(cfg: Config) -> None:
         )
 
 
-JOINT_RULES = (one_batch_rule, one_name_per_class, ignore_index_is_no_class)
+def unet_keys_for_the_unet(cfg: Config) -> None:
+    """The UNet keys configure srforge's UNet only: set to other than their defaults for another model.class, they
+    would be ignored without a word, so that is an error saying where that class's arguments go."""
+    model = cfg.model
+    if model.class_ in UNET_CLASSES:
+        return
+    changed = [name for name in UNET_KEYS if model[name] != ModelSection.__dict__[name].default]
+    if changed:
+        keys = tuple(f"model.{name}" for name in changed)
+        found = ", ".join(f"{k}={model[n]!r}" for k, n in zip(keys, changed))
+        raise ConfigError(
+            f"{found}: {'these keys configure' if len(changed) > 1 else 'this key configures'} srforge's UNet only, "
+            f"but model.class is {model.class_}. Remove {' and '.join(keys)} (or set the defaults), and give "
+            f"{model.class_} its own arguments under model.args.",
+            keys=("model.class", *keys),
+        )
+
+
+JOINT_RULES = (one_batch_rule, one_name_per_class, ignore_index_is_no_class, unet_keys_for_the_unet)
 
 
 def leaves(node: Any, path: str = "") -> Iterable[tuple[str, Any]]:

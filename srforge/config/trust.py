@@ -6,16 +6,28 @@ A checkpoint embeds the training config, and ``--resume`` without ``--config`` r
 the weights is safe (``weights_only=True``); importing what the checkpoint names is not. An import path from a
 checkpoint is therefore allowed only when the user's own config names the same path at the same key -- a
 ``--config`` file, the run folder's ``config.yaml`` (a text file the user can read), or a command-line
-override -- or when it is one of srforge's own Dataset classes, which only read the files they are given.
+override -- or when it is one of srforge's own classes (a Dataset, which only reads the files it is given, or an
+nn.Module, which only builds layers), found by importing srforge's own modules alone.
+
+``model.class`` is one of those keys, so a resumed run's model is covered by :func:`check_checkpoint_imports`.
+Prediction and export rebuild the model from the checkpoint alone (its ``model_class``), with no config of the
+user's to compare with; :func:`check_checkpoint_model` allows the class when it is srforge's own, when the
+``config.yaml`` of the run folder the checkpoint sits in names it as ``model.class`` (the folder training wrote,
+whose config the user can read), or when the user allows it by name (``--allow-model module:Class``). The module
+of any other class is never imported.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from srforge.config.errors import ConfigError
+from srforge.config.schema import UNET_CLASS
+from srforge.config.yaml_io import read_yaml_file
 
 
 def import_paths(tree: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
@@ -30,30 +42,32 @@ def import_paths(tree: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
         yield from import_paths(value, path)
 
 
-def is_srforge_dataset(spec: Any) -> bool:
-    """Whether ``spec`` ("module:Name") names a torch Dataset class defined in srforge itself."""
+def is_srforge_class(spec: Any) -> bool:
+    """Whether ``spec`` ("module:Name") names a torch Dataset or nn.Module class defined in srforge itself. Only
+    a module of srforge is ever imported to find out."""
     if not isinstance(spec, str) or ":" not in spec:
         return False
     module_name, _, attr = spec.partition(":")
     if module_name != "srforge" and not module_name.startswith("srforge."):
         return False
+    from torch import nn
     from torch.utils.data import Dataset
 
     try:
         obj = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError):
         return False
-    return isinstance(obj, type) and issubclass(obj, Dataset) and obj.__module__.startswith("srforge.")
+    return isinstance(obj, type) and issubclass(obj, (Dataset, nn.Module)) and obj.__module__.startswith("srforge.")
 
 
 def untrusted_imports(cfg: Mapping, trusted: Iterable[Mapping]) -> list[tuple[str, Any]]:
     """The (key, import path) pairs of ``cfg`` that no ``trusted`` config names at the same key and that
-    are not srforge's own Dataset classes; null entries (no class) need no trust."""
+    are not srforge's own classes; null entries (no class) need no trust."""
     allowed = {(path, repr(value)) for source in trusted for path, value in import_paths(source)}
     return [
         (path, value)
         for path, value in import_paths(cfg)
-        if value is not None and (path, repr(value)) not in allowed and not is_srforge_dataset(value)
+        if value is not None and (path, repr(value)) not in allowed and not is_srforge_class(value)
     ]
 
 
@@ -72,4 +86,43 @@ def check_checkpoint_imports(cfg: Mapping, checkpoint: str, trusted: Iterable[tu
         f"(looked in: {where}). srforge imports nothing a checkpoint names unless you name it too. "
         f"If you trust it, allow it on the command line: {' '.join(f'{p}={v}' for p, v in refused)} "
         "(or pass --config with a file that names it)."
+    )
+
+
+def run_folder_model_class(checkpoint: str | os.PathLike) -> tuple[Path, str | None]:
+    """(the run folder's config.yaml beside ``checkpoint``, the ``model.class`` it names or None): None too when
+    the file is missing, unreadable or names no class."""
+    config = Path(checkpoint).parent / "config.yaml"
+    try:
+        tree = read_yaml_file(config) if config.is_file() else None
+    except ConfigError:
+        tree = None
+    model = tree.get("model") if isinstance(tree, Mapping) else None
+    value = model.get("class") if isinstance(model, Mapping) else None
+    return config, value if isinstance(value, str) else None
+
+
+def check_checkpoint_model(ckpt: Mapping, checkpoint: str | os.PathLike, allow: Iterable[str] = ()) -> str:
+    """The model class path of ``ckpt`` (read from ``checkpoint``), once it may be imported: srforge's own, named
+    as ``model.class`` by the config.yaml beside the checkpoint, or in ``allow`` (the user's --allow-model).
+    A checkpoint without ``model_class`` holds srforge's UNet. Otherwise a ConfigError saying which class the
+    checkpoint asks for and how to allow it; the class's module is not imported."""
+    path = ckpt.get("model_class", UNET_CLASS)
+    if not isinstance(path, str) or ":" not in path:
+        raise ConfigError(
+            f"{checkpoint}: model_class must be an import path 'module:Class', found {path!r}; this is not a "
+            "checkpoint srforge wrote."
+        )
+    config, named = run_folder_model_class(checkpoint)
+    if path in allow or path == named or is_srforge_class(path):
+        return path
+    if named is not None:
+        folder = f"{config} names model.class {named}, not it"
+    else:
+        folder = f"{config} names no model.class" if config.is_file() else f"there is no {config} beside it"
+    raise ConfigError(
+        f"{checkpoint}: its model is {path} (model_class), and srforge imports a class a checkpoint names only when "
+        f"you name it: it is not one of srforge's own classes, {folder}, and --allow-model does not name it. "
+        f"Importing a module runs its code: if you trust {path}, pass --allow-model {path} "
+        f"(from Python: allow_model=[{path!r}]), or keep the checkpoint in its run folder beside its config.yaml."
     )

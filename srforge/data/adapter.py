@@ -4,12 +4,12 @@ A user's Dataset may return an Entry or a dict, keep its image under ``scan`` an
 ``labels``, and know nothing of sizes. :class:`FieldView` renames the fields to srforge's ``image``,
 ``mask`` and ``name``, turns numpy arrays into tensors, applies per-sample augmentation with a random
 state that depends only on (seed, epoch, index) -- so a resumed run augments exactly as an unbroken one,
-in the main process or in any worker -- and gives every mask one dtype.
+in the main process or in any worker -- and gives every mask one dtype. A training view may also cut scans larger
+than ``data.crop`` to a random crop (:mod:`srforge.data.crop`), drawn the same way, before augmentation.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from srforge.constants import IGNORE_INDEX
+from srforge.data.crop import random_crop, sample_seed
 from srforge.data.entry import Entry
 from srforge.data.images import DataError, invalid_mask_values
 
@@ -44,6 +45,9 @@ class FieldView(Dataset):
         num_classes: when given, a mask value outside [0, num_classes) other than ``ignore_index`` is a
             ValueError naming the sample, instead of an index error deep inside the loss, and every mask is
             given :func:`mask_dtype` (uint8 for up to 255 classes), so batches of masks from mixed files collate.
+
+    ``crop`` (an attribute, None by default): (H, W) multiples of the model's size divisor; a scan larger in
+    either dimension is cut to a random crop of at most that size before augmentation (training only).
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class FieldView(Dataset):
         self.num_classes, self.ignore_index = num_classes, ignore_index
         self.mask_dtype = mask_dtype(num_classes, ignore_index) if num_classes is not None else None
         self.epoch = 0
+        self.crop: tuple[int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -112,15 +117,12 @@ class FieldView(Dataset):
             mask = torch.as_tensor(entry["mask"])
             self._check_mask(mask, index, entry["name"])
             entry["mask"] = mask.to(self.mask_dtype)
+        if self.crop is not None:
+            entry = random_crop(entry, self.crop, sample_seed(self.seed, self.epoch, index, "crop"))
         if self.augment is not None:
             # Seeded per (seed, epoch, index): independent of worker count, batch order and resumption.
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(
-                    int.from_bytes(
-                        hashlib.blake2b(f"{self.seed}/{self.epoch}/{index}".encode(), digest_size=8).digest(), "little"
-                    )
-                    >> 1
-                )
+                torch.manual_seed(sample_seed(self.seed, self.epoch, index))
                 entry = self.augment(entry)
         return entry
 

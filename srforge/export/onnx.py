@@ -1,9 +1,9 @@
-"""ONNX export of a trained UNet: dynamic batch, height and width, and the padding-aware ``sizes`` input.
+"""ONNX export of a trained model: dynamic batch, height and width, and the padding-aware ``sizes`` input.
 
-The exported graph takes what the PyTorch model takes::
+Any model that meets srforge.models.contract exports; the exported graph takes what the PyTorch model takes::
 
     image   uint8 [B, C, H, W]   H and W any multiples of the size divisor (pad each scan bottom-right)
-    sizes   int64 [B, 2]         true (H, W) of each scan: only for a padding-aware model
+    sizes   int64 [B, 2]         true (H, W) of each scan: only for a padding-aware model (:func:`takes_sizes`)
     logits  float32 [B, K, H, W] (crop each scan back to its true size)
 
 and records ``size_divisor``, ``class_names``, ``padding_aware`` and ``in_channels`` in the model's metadata
@@ -34,6 +34,13 @@ EXTRA = 'pip install -e ".[export]"'
 # each needs its own alignment gutter and the batch pads them to different extents.
 CHECK_SIZES = ((1, 3, 2, 5), (2, -7, 1, -4), (0, 17, 3, -1))  # (H = a*d + b, W = c*d + e)
 TOLERANCE = 1e-4
+
+
+def takes_sizes(model: torch.nn.Module) -> bool:
+    """Whether the exported graph takes ``sizes``: exactly when the model says its logits depend on them with
+    ``padding_aware = True`` (srforge.models.contract); without the attribute the graph takes the image alone and
+    the model is traced with ``sizes=None``."""
+    return bool(getattr(model, "padding_aware", False))
 
 
 class OnnxCheckError(RuntimeError):
@@ -67,7 +74,7 @@ def _example(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def export_onnx(model: torch.nn.Module, path: str | os.PathLike, class_names=None, opset: int | None = None) -> Path:
-    """Export ``model`` (a UNet) to ``path`` (written atomically); returns the path.
+    """Export ``model`` (any model meeting srforge.models.contract) to ``path`` (written atomically); returns the path.
 
     The graph has inputs ``image`` uint8 [B, C, H, W] and, for a padding-aware model, ``sizes`` int64 [B, 2],
     and the output ``logits`` [B, K, H, W]; B is free, H and W free multiples of ``model.size_divisor``.
@@ -80,10 +87,11 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, class_names=Non
     image, sizes = _example(model)
     batch = Dim("batch", min=1)
     image_dims = {0: batch, 2: Dim("h_blocks", min=1) * d, 3: Dim("w_blocks", min=1) * d}
-    if model.padding_aware:
-        args, names, dynamic = (image, sizes), ["image", "sizes"], {"image": image_dims, "sizes": {0: batch}}
+    # Shapes by position, not by name: the model's forward may call its parameters anything.
+    if takes_sizes(model):
+        args, names, dynamic = (image, sizes), ["image", "sizes"], (image_dims, {0: batch})
     else:
-        args, names, dynamic = (image,), ["image"], {"image": image_dims}
+        args, names, dynamic = (image,), ["image"], (image_dims,)
     with warnings.catch_warnings():
         # The exporter notes that `batch` names two axes (image and sizes): that is the intent.
         warnings.filterwarnings("ignore", message="# The axis name")
@@ -102,7 +110,7 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, class_names=Non
         {
             "size_divisor": str(d),
             "class_names": ",".join(names),
-            "padding_aware": str(bool(model.padding_aware)).lower(),
+            "padding_aware": str(takes_sizes(model)).lower(),
             "in_channels": str(model.in_channels),
         }
     )

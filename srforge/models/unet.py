@@ -1,9 +1,10 @@
 """UNet for segmentation of images of every size, with a padding-aware mode for padded batches."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from srforge.geometry import MAX_DEPTH, level_mask, round_up
 from srforge.models.norm import GroupNorm2d
@@ -150,6 +151,7 @@ class UNet(nn.Module):
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         padding_aware: bool = True,
+        checkpointing: bool = False,
     ):
         super().__init__()
         if not 1 <= depth <= MAX_DEPTH:  # before any layer is allocated
@@ -160,6 +162,7 @@ class UNet(nn.Module):
         self.in_channels, self.num_classes, self.depth = in_channels, num_classes, depth
         self.size_divisor = 2**depth
         self.padding_aware = padding_aware
+        self.checkpointing = checkpointing
         imagenet = in_channels == 3
         mean = mean if mean is not None else ((0.485, 0.456, 0.406) if imagenet else (0.5,) * in_channels)
         std = std if std is not None else ((0.229, 0.224, 0.225) if imagenet else (0.25,) * in_channels)
@@ -199,13 +202,26 @@ class UNet(nn.Module):
             height, width = image.shape[2:]
             masks = [level_mask(sizes, height >> level, width >> level, 2**level) for level in range(self.depth + 1)]
 
-        x = self.normalize(image)
-        if masks[0] is not None:
-            x = x.mul_(masks[0].to(x.dtype))
-        skips = [self.stem(x, masks[0])]
+        run = self.run_block
+        skips = [run(self.first_level, image, masks[0])]
         for level, block in enumerate(self.down, start=1):
-            skips.append(block(skips[-1], masks[level]))
+            skips.append(run(block, skips[-1], masks[level]))
         x = skips.pop()
         for level, block in zip(reversed(range(self.depth)), self.up):
-            x = block(x, skips[level], masks[level])
+            x = run(block, x, skips[level], masks[level])
         return self.head(x)
+
+    def first_level(self, image: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """image [B, C, H, W] -> the stem's output [B, base_channels, H, W]: normalised, padding zeroed, stem. One
+        block, so that under checkpointing the level keeps the (uint8) image, not its float normalisation."""
+        x = self.normalize(image)
+        if mask is not None:
+            x = x.mul_(mask.to(x.dtype))
+        return self.stem(x, mask)
+
+    def run_block(self, block: Callable[..., torch.Tensor], *inputs: torch.Tensor | None) -> torch.Tensor:
+        """``block(*inputs)``, checkpointed when ``self.checkpointing`` and gradients are being recorded (in
+        evaluation and under no_grad there is nothing to keep for backward, so the block simply runs)."""
+        if self.checkpointing and torch.is_grad_enabled():
+            return checkpoint(block, *inputs, use_reentrant=False)
+        return block(*inputs)

@@ -1,7 +1,7 @@
 """Batched inference and crop-back: scans of any size in, class maps of exactly their size out.
 
     scans [C, H_i, W_i] -> size-grouped batches under a pixel budget -> AlignedCollate(size_divisor)
-        -> UNet(image, sizes) -> logits [B, K, Hp, Wp] -> class map on the device (uint8)
+        -> model(image, sizes) -> logits [B, K, Hp, Wp] -> class map on the device (uint8)
         -> crop to each scan's (H_i, W_i) -> host
 
 Only the uint8 class maps cross to the host; softmax probabilities are computed (on the device) only when
@@ -15,6 +15,7 @@ a whole archive.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import time
 from collections.abc import Sequence
@@ -23,15 +24,18 @@ from typing import Any
 
 import torch
 
+from srforge.config import import_object
+from srforge.config.trust import check_checkpoint_model
 from srforge.constants import PRECISIONS
 from srforge.data.collate import AlignedCollate
 from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.geometry import aligned_size
 from srforge.models.class_map import class_map
+from srforge.models.contract import check_attributes, with_sizes
 from srforge.predict.tiling import predict_tiled, tile_grid, tile_shape
 from srforge.runtime.checkpoint import class_names_or_default, load_checkpoint, model_from_checkpoint
 from srforge.runtime.device import autocast, resolve_device
-from srforge.runtime.memory import cuda_pixel_budget, processes_per_device
+from srforge.runtime.memory import cuda_pixel_budget, is_out_of_memory, processes_per_device
 
 # Padded pixels per batch on the CPU (a full-scale 640 x 6,400 scan fits; wider ones are tiled). On CUDA the
 # default comes from the device: half its free memory over the model's measured bytes per pixel.
@@ -39,19 +43,6 @@ DEFAULT_CPU_PIXELS = 2**22
 # ``max_batch`` values: "auto" -> this cap by device type (missing: no cap); None or 0 -> no cap; n >= 1 -> n.
 # On CPU batches of several scans measured slower per scan than one at a time (README, Performance).
 AUTO_MAX_BATCH = {"cpu": 1}
-# The public name of CUDA's out-of-memory error in every torch from 2.4 on (torch.OutOfMemoryError came later).
-OutOfMemoryError = torch.cuda.OutOfMemoryError
-# cuBLAS and cuDNN report a failed allocation as a plain RuntimeError with one of these in its message.
-_ALLOCATION_FAILURES = ("out of memory", "ALLOC_FAILED")
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is the device running out of memory (then a smaller batch or tile may fit)."""
-    return isinstance(error, OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and any(text in str(error) for text in _ALLOCATION_FAILURES)
-    )
-
-
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
@@ -102,7 +93,8 @@ class Prediction:
 
 
 class Predictor:
-    """A trained UNet ready for inference on scans of any size.
+    """A trained model (srforge's UNet or any model meeting srforge.models.contract) ready for inference on scans
+    of any size.
 
     ``predict(images)`` -> class maps; ``probabilities(images)`` -> softmax maps; both take a list of scans
     [C, H, W] (uint8 0..255, or float 0..1) and return one result a scan at its exact (H, W), computed in
@@ -111,7 +103,8 @@ class Predictor:
     A scan whose aligned size alone exceeds the budget is tiled, tiles overlapping by ``overlap`` px
     (default 4 * size_divisor). ``max_batch`` caps scans per batch (:func:`batch_cap`). ``precision``: fp32,
     bf16 or fp16 (autocast). ``image_mode`` is the PIL mode scans are decoded to (default from the model's
-    input channels: L, RGB or RGBA).
+    input channels: L, RGB or RGBA). A model whose forward takes the image alone is wrapped to take ``sizes``
+    (srforge.models.contract.with_sizes).
     """
 
     def __init__(
@@ -133,6 +126,8 @@ class Predictor:
             # Events, pinned copies and the cuBLAS handle follow the current device: make it this one, so that a
             # process on cuda:N (a torchrun rank) neither waits on nor allocates on cuda:0.
             torch.cuda.set_device(self.device)
+        check_attributes(model, "Predictor")
+        model = with_sizes(model)  # a forward that takes the image alone is called without sizes
         self.model = model.to(self.device).eval()
         self.divisor, self.num_classes = model.size_divisor, model.num_classes
         if self.num_classes > 256:
@@ -170,14 +165,20 @@ class Predictor:
         return self._fingerprint
 
     @classmethod
-    def from_checkpoint(cls, path, *, device="auto", **options) -> Predictor:
-        """The Predictor a checkpoint describes: weights, divisor, classes, normalisation, image mode.
+    def from_checkpoint(cls, path, *, device="auto", allow_model: Sequence[str] = (), **options) -> Predictor:
+        """The Predictor a checkpoint describes: model, weights, divisor, classes, normalisation, image mode.
 
+        The model is rebuilt from the checkpoint alone (:func:`srforge.runtime.checkpoint.model_from_checkpoint`).
+        Its class is imported only when srforge.config.trust.check_checkpoint_model allows it: srforge's own, the
+        one the config.yaml beside the checkpoint names as model.class, or one named in ``allow_model``
+        ("module:Class", the CLI's --allow-model); else a ConfigError (a ValueError) saying how to allow it.
         ``options`` are Predictor's keywords (precision, max_pixels, overlap, max_batch). The image mode is the
         checkpoint's ``image_mode``, else its training config's, else the model's input channels'.
         """
         ckpt = load_checkpoint(path)
-        model = model_from_checkpoint(ckpt, path)
+        model_class = check_checkpoint_model(ckpt, path, allow_model)
+        resolve = functools.partial(import_object, key=f"{path}: model_class")
+        model = model_from_checkpoint(ckpt, path, allowed=[model_class], resolve=resolve)
         names = ckpt["class_names"]
         if names and len(names) != model.num_classes:
             raise ValueError(

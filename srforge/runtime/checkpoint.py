@@ -4,8 +4,11 @@ A checkpoint is a plain dict that ``torch.load(..., weights_only=True)`` can rea
 strings, lists, dicts: no pickled classes)::
 
     format        "srforge-checkpoint"       version   1
-    model         the UNet state_dict (weights and the mean/std normalisation buffers)
-    model_args    keyword arguments that rebuild the UNet (in_channels, num_classes, base_channels, ...)
+    model         the model's state_dict (weights and normalisation buffers: mean/std for srforge's UNet)
+    model_class   the model's import path as the config names it ("srforge.models.unet:UNet" by default);
+                  absent in checkpoints written before model.class: srforge's UNet
+    model_args    every keyword argument the class was built with (in_channels, num_classes, ...)
+    model_norm    the norm option applied after building (keep | group | frozen | masked; absent: keep)
     size_divisor  the model's size divisor     class_names  one name per class     ignore_index  int
     image_mode    the PIL mode the training images were decoded in ("RGB" unless the dataset says otherwise)
     config        the resolved training config
@@ -20,6 +23,7 @@ the old one, so a kill at any moment leaves either the previous checkpoint or th
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,8 @@ import torch
 
 from srforge.atomic import atomic_write
 from srforge.limits import MAX_CHECKPOINT_CONFIG, class_names_problem, expanded_size, object_parts, object_weight
+from srforge.models.build import NORMS, UNET_CLASS, Resolver, create_model, import_class, is_srforge_path
+from srforge.models.contract import class_name
 
 FORMAT = "srforge-checkpoint"
 VERSION = 1
@@ -76,6 +82,15 @@ def _check_plain_data(ckpt: dict[str, Any], path: Path) -> None:
     problem = class_names_problem(ckpt["class_names"])
     if problem:
         raise ValueError(f"{path}: class_names: {problem}; this is not a checkpoint srforge wrote.")
+    model_class, norm = ckpt.get("model_class", UNET_CLASS), ckpt.get("model_norm", "keep")
+    if not isinstance(model_class, str) or ":" not in model_class or len(model_class) > 1000:
+        raise ValueError(f"{path}: model_class must be an import path 'module:Class', found {model_class!r:.80}.")
+    if norm not in NORMS:
+        raise ValueError(f"{path}: model_norm must be one of {list(NORMS)}, found {norm!r:.80}.")
+    if not isinstance(ckpt["model_args"], dict) or not all(isinstance(k, str) for k in ckpt["model_args"]):
+        raise ValueError(
+            f"{path}: model_args must be a dict of keyword arguments; this is not a checkpoint srforge wrote."
+        )
     if expanded_size(ckpt, object_parts, object_weight, MAX_CHECKPOINT_CONFIG) is None:
         raise ValueError(
             f"{path}: its config and training state expand to more than {MAX_CHECKPOINT_CONFIG:,} objects and "
@@ -84,17 +99,39 @@ def _check_plain_data(ckpt: dict[str, Any], path: Path) -> None:
         )
 
 
-def model_from_checkpoint(ckpt: dict[str, Any], source: str | os.PathLike = "the checkpoint") -> torch.nn.Module:
-    """The UNet a checkpoint describes, with its weights and normalisation buffers loaded, in eval mode."""
-    from srforge.models import UNet
+def model_from_checkpoint(
+    ckpt: dict[str, Any],
+    source: str | os.PathLike = "the checkpoint",
+    *,
+    allowed: Collection[str] = (),
+    resolve: Resolver = import_class,
+) -> torch.nn.Module:
+    """The model a checkpoint describes, rebuilt from the checkpoint alone, its weights and buffers loaded, in eval
+    mode on the CPU: ``model_class`` (srforge's UNet when absent), ``model_args`` and ``model_norm`` through
+    :func:`srforge.models.build.create_model`, then the ``model`` state_dict.
 
+    Only srforge's own classes are imported unless the class is in ``allowed``: the caller checks the others
+    first (:func:`srforge.config.trust.check_checkpoint_model`, as Predictor.from_checkpoint and srforge-export do),
+    since importing a module runs its code. ``resolve`` turns the path into the class (importlib alone by
+    default). Every problem is a ValueError naming ``source``.
+    """
+    path = ckpt.get("model_class", UNET_CLASS)
+    if not is_srforge_path(path) and path not in allowed:
+        raise ValueError(
+            f"{source}: its model class {path} is not srforge's own, and it was not allowed: check it with "
+            "srforge.config.trust.check_checkpoint_model and pass allowed=[its path] (srforge-predict and "
+            f"srforge-export: --allow-model {path})."
+        )
+    where = f"{source}: model_class {path}"
+    model = create_model(
+        path, ckpt["model_args"], norm=ckpt.get("model_norm", "keep"), resolve=resolve, where=where, report=None
+    )
     try:
-        model = UNet(**ckpt["model_args"])
         model.load_state_dict(ckpt["model"])
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise ValueError(f"{source}: its weights do not fit the UNet it describes ({exc})") from None
+        raise ValueError(f"{source}: its weights do not fit the {class_name(model)} it describes ({exc})") from None
     if model.size_divisor != ckpt["size_divisor"]:
         raise ValueError(
-            f"Checkpoint size_divisor {ckpt['size_divisor']} does not match its model's {model.size_divisor}."
+            f"{source}: its size_divisor {ckpt['size_divisor']} does not match its model's {model.size_divisor}."
         )
     return model.eval()

@@ -1,7 +1,8 @@
 """What a run is built from, each from its section of the config: device, data, model, optimization, batches.
 
     data      -> datasets, split by size (train_val_indices), FieldViews with per-sample augmentation
-    model     -> UNet on the device, and the arguments that rebuild it (checkpoints keep them)
+    model     -> model.class (srforge's UNet by default) on the device, and the arguments that rebuild it
+                 (checkpoints keep them), through the one builder srforge.models.build.create_model
     train     -> AdamW, warm-up + cosine LambdaLR, GradScaler (fp16); StepSettings for the step and evaluation
     batches   -> training_sampler (size-grouped, shuffled by seed and epoch, this rank's share), validation loader
 
@@ -22,21 +23,23 @@ import torch
 from torch.utils.data import DataLoader
 
 from srforge.config import ConfigError, import_object
-from srforge.config.schema import Config, DataSection, ModelSection
+from srforge.config.schema import UNET_CLASS, UNET_CLASSES, UNET_KEYS, Config, DataSection, ModelSection
 from srforge.data.adapter import FieldView
 from srforge.data.augment import build_augmentation
 from srforge.data.collate import AlignedCollate
 from srforge.data.sampling import SizeGroupedBatchSampler, train_val_indices, training_sampler
 from srforge.data.sizes import dataset_sizes
 from srforge.geometry import depth_problem
-from srforge.models import UNet
+from srforge.models.build import create_model
+from srforge.models.weights import WeightsFile
 from srforge.runtime.checkpoint import class_names_or_default
 from srforge.runtime.device import cpu_has_native_bf16, resolve_device
-from srforge.runtime.distributed import Processes
+from srforge.runtime.distributed import Processes, environment
 from srforge.train.state import TrainState
 from srforge.train.step import StepSettings
 
-MODEL_ARGS = ("in_channels", "num_classes", "base_channels", "depth", "max_channels", "padding_aware")
+# The keys srforge's UNet is built with; any other model.class takes the first two and model.args.
+MODEL_ARGS = ("in_channels", "num_classes", *UNET_KEYS)
 
 
 def single_process_device(name: str) -> torch.device:
@@ -107,13 +110,66 @@ def build_data(data: DataSection, *, num_classes: int, seed: int, run_dir: Path,
     return Data(train, val, train.sizes_of(sizes), val.sizes_of(sizes))
 
 
-def build_model(model_cfg: ModelSection, device: torch.device, channels_last: bool) -> tuple[UNet, dict]:
-    """The UNet the config describes, on ``device``, and the arguments that rebuild it (kept in checkpoints)."""
-    model_args = {k: model_cfg[k] for k in MODEL_ARGS}
-    model = UNet(**model_args).to(device)
+def model_kwargs(model_cfg: ModelSection) -> dict:
+    """The keyword arguments ``model.class`` is built with: ``in_channels``, ``num_classes`` and ``model.args``;
+    srforge's UNet (the default class) also takes ``base_channels``, ``depth``, ``max_channels`` and
+    ``padding_aware``. A key given twice (``model.args.num_classes``) is a ConfigError: data checks, class names
+    and the loss read the section's own key, so it alone says what the model is."""
+    own = ("in_channels", "num_classes", *(UNET_KEYS if model_cfg.get("class", UNET_CLASS) in UNET_CLASSES else ()))
+    args = dict(model_cfg.get("args") or {})
+    twice = [name for name in own if name in args]
+    if twice:
+        raise ConfigError(
+            f"model.args.{twice[0]}: the model's {twice[0]} is model.{twice[0]}, which srforge passes to the class "
+            f"itself; remove it from model.args and set model.{twice[0]}={args[twice[0]]!r} instead.",
+            keys=(f"model.args.{twice[0]}",),
+        )
+    return {**{name: model_cfg[name] for name in own}, **args}
+
+
+def weights_file(model_cfg: ModelSection) -> WeightsFile | None:
+    """The ``model.weights`` file to load and how, or None when the key is null (or absent)."""
+    path = model_cfg.get("weights")
+    if path is None:
+        return None
+    return WeightsFile(path, model_cfg.get("weights_into", "model"), model_cfg.get("weights_strict", True))
+
+
+def report_weights(line: str) -> None:
+    """The weights report on the console, once: by the main process."""
+    if environment().main:
+        print(f"srforge: {line}")
+
+
+def build_model(
+    model_cfg: ModelSection, device: torch.device, channels_last: bool, *, load_weights: bool = True
+) -> tuple[torch.nn.Module, dict]:
+    """The model the config's ``model`` section describes, on ``device``, and the keyword arguments that rebuild it
+    (checkpoints keep them, with the class path and the norm option): ``model.class`` built by
+    :func:`srforge.models.build.create_model` with :func:`model_kwargs`, ``model.weights`` loaded when
+    ``load_weights`` (a resumed run's weights come from its checkpoint instead), ``model.norm`` applied, checked
+    against srforge.models.contract. A model whose in_channels or num_classes differ from the section's is a
+    ConfigError."""
+    path = model_cfg.get("class", UNET_CLASS)
+    kwargs = model_kwargs(model_cfg)
+    model = create_model(
+        path,
+        kwargs,
+        norm=model_cfg.get("norm", "keep"),
+        weights=weights_file(model_cfg) if load_weights else None,
+        resolve=lambda spec: import_object(spec, "model.class"),
+        report=report_weights,
+    )
+    for name in ("in_channels", "num_classes"):
+        if getattr(model, name) != kwargs[name]:
+            raise ConfigError(
+                f"model.{name}: {path} was built with {name}={kwargs[name]} but reports {name}="
+                f"{getattr(model, name)}; it must set self.{name} from its {name} argument."
+            )
+    model = model.to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return model, model_args
+    return model, kwargs
 
 
 def _schedule(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -195,7 +251,9 @@ def build_loaders(
     return Loaders(data.train, sampler, collate, data_cfg.num_workers, pin_memory, val)
 
 
-def build_state(cfg: Config, model: UNet, model_args: dict, loaders: Loaders, device: torch.device) -> TrainState:
+def build_state(
+    cfg: Config, model: torch.nn.Module, model_args: dict, loaders: Loaders, device: torch.device
+) -> TrainState:
     """A fresh run's state: ``model``, its optimization scheduled over every epoch's steps, the run's facts."""
     tcfg, mcfg = cfg.train, cfg.model
     optimizer, scheduler, scaler = build_optimization(
@@ -205,12 +263,24 @@ def build_state(cfg: Config, model: UNet, model_args: dict, loaders: Loaders, de
         weight_decay=tcfg.weight_decay,
         warmup_steps=tcfg.warmup_steps,
         min_lr_ratio=tcfg.min_lr_ratio,
-        total_steps=tcfg.epochs * len(loaders.sampler),
+        total_steps=tcfg.epochs * math.ceil(len(loaders.sampler) / tcfg.accumulate),  # optimizer steps
         precision=tcfg.precision,
     )
     class_names = class_names_or_default(mcfg.class_names, mcfg.num_classes)
     image_mode = getattr(loaders.train.dataset, "image_mode", "RGB")
-    return TrainState(model, model_args, optimizer, scheduler, scaler, loaders.sampler, cfg, class_names, image_mode)
+    return TrainState(
+        model,
+        model_args,
+        optimizer,
+        scheduler,
+        scaler,
+        loaders.sampler,
+        cfg,
+        class_names,
+        image_mode,
+        model_class=mcfg.class_,
+        model_norm=mcfg.norm,
+    )
 
 
 def step_settings(cfg: Config, device: torch.device) -> StepSettings:
@@ -226,16 +296,19 @@ def step_settings(cfg: Config, device: torch.device) -> StepSettings:
         grad_clip=tcfg.grad_clip,
         skip_nonfinite=tcfg.skip_nonfinite,
         log_every=tcfg.log_every,
+        accumulate=tcfg.accumulate,
     )
 
 
 def wrap_for_training(model: torch.nn.Module, *, compile: bool, world: int, device: torch.device) -> torch.nn.Module:
     """The module a training step calls: ``model`` itself in one process, its DDP wrapper under torchrun.
 
-    ``model`` stays the bare UNet -- its state_dict is what checkpoints hold, and validation calls it directly,
+    ``model`` stays the bare model -- its state_dict is what checkpoints hold, and validation calls it directly,
     since no gradients need averaging there. ``train.compile`` compiles ``model`` in place (``Module.compile``,
     so its state_dict keys keep their names) before DDP wraps it, as PyTorch's documentation recommends: DDP's
-    own hooks then run outside the compiled graph and overlap the gradient all-reduce with the backward pass.
+    own hooks then run outside the compiled graph. The training step runs the wrapper in ``no_sync`` mode and
+    averages the gradients itself once per optimizer update (:mod:`srforge.train.step`), so that a rank that runs
+    out of memory can redo its batch in parts without leaving the others inside a collective.
     Buffers are not synchronised before each forward: the only ones are the normalisation mean/std, which never
     change (``forward_sync_buffers=False`` where torch has it, ``broadcast_buffers=False`` before).
     """

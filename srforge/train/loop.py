@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +38,24 @@ import torch
 from tqdm import tqdm
 
 from srforge.atomic import disk_full_names
-from srforge.config.schema import Config
+from srforge.config import ConfigError
+from srforge.config.schema import UNET_CLASSES, Config, DataSection
 from srforge.data import DataError
+from srforge.data.crop import crop_shape, crop_sizes
+from srforge.geometry import aligned_size
 from srforge.runtime import distributed
 from srforge.runtime.distributed import Processes
+from srforge.runtime.memory import (
+    StepMemory,
+    auto_budget,
+    free_memory,
+    pixels_text,
+    planning_share,
+    processes_per_device,
+    smallest_across_ranks,
+)
 from srforge.train.build import (
+    Data,
     Loaders,
     build_data,
     build_loaders,
@@ -56,8 +69,17 @@ from srforge.train.log import log_epoch, open_tensorboard
 from srforge.train.metrics import scores
 from srforge.train.prepare import checkpoint_file, claim_run_dir, prepare_synthetic_data, resume_checkpoint
 from srforge.train.rng import seed_everything
-from srforge.train.state import TrainState, restore, save_epoch
-from srforge.train.step import NonFiniteLossError, Progress, StepSettings, evaluate, train_epoch
+from srforge.train.state import TrainState, restore, resumed_budgets, save_epoch
+from srforge.train.step import (
+    Budget,
+    NonFiniteLossError,
+    Progress,
+    ScanTooLargeError,
+    StepSettings,
+    evaluate,
+    probe_memory,
+    train_epoch,
+)
 from srforge.train.stop import WorkerLostError, cause, interrupts_held, worker_lost
 
 __all__ = ["train", "run_epoch", "Loop"]
@@ -104,10 +126,18 @@ def _train(cfg: Config, ckpt: dict[str, Any] | None, processes: Processes, run_d
     tcfg, dcfg, seed = cfg.train, cfg.data, cfg.run.seed
     device = training_device(processes, cfg.run.device, tcfg.precision)
     seed_everything(seed)
-    data = build_data(dcfg, num_classes=cfg.model.num_classes, seed=seed, run_dir=run_dir, depth=cfg.model.depth)
-    model, model_args = build_model(cfg.model, device, tcfg.channels_last)
-    loaders = build_loaders(dcfg, data, divisor=model.size_divisor, seed=seed, processes=processes, device=device)
+    depth = cfg.model.depth if cfg.model.class_ in UNET_CLASSES else None  # other models' divisors come from them
+    data = build_data(dcfg, num_classes=cfg.model.num_classes, seed=seed, run_dir=run_dir, depth=depth)
+    model, model_args = build_model(cfg.model, device, tcfg.channels_last, load_weights=ckpt is None)
+    set_checkpointing(model, cfg.model.checkpointing)
+    crop_training_scans(data, dcfg.crop, model.size_divisor)
+    settings = step_settings(cfg, device)
+    memory, sampler_pixels, step_pixels = plan_memory(cfg, model, data, settings, processes, ckpt)
+    settings = replace(settings, budget=Budget(step_pixels))
+    budgeted = DataSection({**dcfg, "max_pixels": sampler_pixels}) if dcfg.max_pixels is not None else dcfg
+    loaders = build_loaders(budgeted, data, divisor=model.size_divisor, seed=seed, processes=processes, device=device)
     state = build_state(cfg, model, model_args, loaders, device)
+    state.budget = settings.budget
 
     start, progress, best = 0, Progress(), -math.inf
     if ckpt is not None:
@@ -118,12 +148,13 @@ def _train(cfg: Config, ckpt: dict[str, Any] | None, processes: Processes, run_d
         state,
         wrap_for_training(model, compile=tcfg.compile, world=processes.world, device=device),
         loaders,
-        step_settings(cfg, device),
+        settings,
         processes,
         run_dir,
         open_tensorboard(run_dir) if processes.main else None,
         epochs=tcfg.epochs,
         val_every=tcfg.val_every,
+        memory=memory,
     )
 
     stop = tcfg.epochs if tcfg.stop_after is None else min(tcfg.epochs, start + tcfg.stop_after)
@@ -144,9 +175,16 @@ def run_epoch(loop: Loop, epoch: int, progress: Progress, best: float) -> tuple[
 
     Returns (the epoch's metrics row, the best validation mean IoU so far). A Ctrl-C or SIGTERM anywhere in it --
     validation and saving included -- writes last.pt at the batch reached, then propagates; so does a DataLoader
-    worker the system killed, as a WorkerLostError.
+    worker the system killed, as a WorkerLostError, and a scan too large for the device even alone, as a
+    ScanTooLargeError.
     """
     main = loop.processes.main
+    lowered, sampler = loop.settings.budget.pixels, loop.loaders.sampler
+    # Out of memory in an earlier epoch: smaller batches from this one on. Not in a resumed epoch, whose batches
+    # must be those it was cut into at its start.
+    fresh = progress.batches_done == 0
+    if fresh and lowered is not None and sampler.max_pixels is not None and lowered < sampler.max_pixels:
+        sampler.max_pixels = lowered
     loader = loop.loaders.epoch(epoch, skip=progress.batches_done)  # a resumed epoch skips the batches done
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{loop.epochs}", disable=not main, leave=False)
     epoch_saved = False
@@ -169,11 +207,14 @@ def run_epoch(loop: Loop, epoch: int, progress: Progress, best: float) -> tuple[
         raise
     except RuntimeError as error:
         lost = worker_lost(error)
-        if lost is None:
+        too_large = str(error) if isinstance(error, ScanTooLargeError) else None
+        if lost is None and too_large is None:
             raise
-    # A worker died. Written here, past the except block, so that the epoch's DataLoader iterator -- held by the
-    # traceback -- is gone and its workers are shut down before last.pt is written.
+    # A worker died, or a scan does not fit the device. Written here, past the except block, so that the epoch's
+    # DataLoader iterator -- held by the traceback -- is gone and its workers are shut down before last.pt is written.
     reached = _save_stopped(loop, epoch, progress, best, epoch_saved) if main else "last.pt (rank 0 writes it)"
+    if too_large is not None:
+        raise ScanTooLargeError(f"{too_large} Wrote {reached}; once it fits, continue with --resume {loop.run_dir}")
     raise WorkerLostError(
         f"{lost}; wrote {reached}. If memory ran short, use fewer data.num_workers (now {loop.loaders.num_workers}) "
         f"or smaller batches (data.batch_size, data.max_pixels); then continue with --resume {loop.run_dir}"
@@ -208,6 +249,9 @@ def _train_pass(loop: Loop, bar: tqdm, epoch: int, progress: Progress) -> dict[s
         "train_mean_iou": train_scores["mean_iou"],
         "real_pixels_per_s": pixels / seconds,
         "seconds": seconds,
+        "bytes_per_pixel": loop.memory.bytes_per_pixel if loop.memory is not None else None,
+        "max_pixels": loop.settings.budget.pixels,
+        "out_of_memory": loop.settings.budget.events,
     }
 
 
@@ -273,11 +317,141 @@ def _save_stopped(
     return reached
 
 
+# -- before the first epoch: checkpointing, crops, and the pixel budget from the step's measured memory -------------
+def set_checkpointing(model: torch.nn.Module, on: bool) -> None:
+    """``model.checkpointing``: switch every submodule's ``checkpointing`` attribute (srforge's UNet has one, and
+    so may any model class); asked of a model without one, a ConfigError saying so."""
+    holders = [m for m in model.modules() if "checkpointing" in vars(m)]
+    if on and not holders:
+        raise ConfigError(
+            f"model.checkpointing: {type(model).__name__} has no checkpointing attribute to switch on (srforge's "
+            "UNet has one). Set model.checkpointing=false, or give the model a checkpointing attribute that makes "
+            "its forward recompute activations in backward (torch.utils.checkpoint)."
+        )
+    for module in holders:
+        module.checkpointing = on
+
+
+def crop_training_scans(data: Data, crop: int | list | None, divisor: int) -> None:
+    """``data.crop``: the training view cuts every larger scan to a random crop of at most that size (rounded down
+    to ``divisor``), and the sampler groups the training scans by their cropped sizes."""
+    if crop is None:
+        return
+    try:
+        shape = crop_shape(crop, divisor)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    data.train.crop = shape
+    data.train_sizes = crop_sizes(data.train_sizes, shape)
+
+
+def plan_memory(
+    cfg: Config,
+    model: torch.nn.Module,
+    data: Data,
+    settings: StepSettings,
+    processes: Processes,
+    ckpt: dict[str, Any] | None,
+) -> tuple[StepMemory, int | None, int | None]:
+    """The training step's measured memory and the pixel budgets (the sampler's, the step's) the run starts with.
+
+    ``data.max_pixels: auto``: the budget from the probe and the device's free memory, the smallest over the ranks;
+    a training scan that cannot fit even alone is a ConfigError naming it, before training starts. A number is
+    taken as given, None (data.batch_size) leaves batches uncut. A resumed run keeps its checkpoint's budgets
+    (:func:`srforge.train.state.resumed_budgets`). The main process prints the figures.
+    """
+    device, divisor = settings.device, model.size_divisor
+    memory = probe_memory(model, settings)
+    free = free_memory(device)
+    local = processes_per_device() if device.type == "cuda" else processes.local_world
+    share = planning_share(free, device.type, local)
+    aligned = [aligned_size(h, w, divisor) for h, w in data.train_sizes]
+    largest = max(h * w for h, w in aligned)
+    pixels = cfg.data.max_pixels
+    if pixels == "auto":
+        pixels, capacity = smallest_across_ranks(list(auto_budget(memory, share, device.type, divisor)), device)
+        if largest > capacity:
+            raise too_large(model, data, aligned, capacity, settings, (memory, free, share))
+    sampler_pixels, step_pixels = (pixels, pixels) if ckpt is None else resumed_budgets(ckpt, pixels)
+    if processes.main:
+        print(memory_line(memory, cfg.data, sampler_pixels, largest, (free, share, device)))
+    return memory, sampler_pixels, step_pixels
+
+
+def memory_line(memory: StepMemory, data_cfg: DataSection, pixels: int | None, largest: int, where: tuple) -> str:
+    """The start-of-run line: 'srforge: memory: 1.80 KB per padded pixel in bf16, 0.40 GB fixed; 62.0 GB free on
+    cuda:0; budget 30.0 Mpx (data.max_pixels: auto), the largest training scan 8.2 Mpx', and for a given budget
+    whose step would not fit the share of free memory that auto plans with, what that means."""
+    free, share, device = where
+    room = "free" if device.type == "cuda" else "of RAM available"
+    line = f"srforge: memory: {memory.describe()}; {free / 1e9:.1f} GB {room} on {device}; "
+    if pixels is None:
+        batch = data_cfg.batch_size * largest
+        line += f"batches of {data_cfg.batch_size} scans (data.batch_size), at most {pixels_text(batch)}"
+    else:
+        given = "auto" if data_cfg.max_pixels == "auto" else "given"
+        line += f"budget {pixels_text(pixels)} (data.max_pixels: {given})"
+        batch = max(pixels, largest)
+    line += f", the largest training scan {pixels_text(largest)}"
+    if data_cfg.max_pixels != "auto" and memory.peak(batch) > share:
+        line += (
+            f". A step over {pixels_text(batch)} needs about {memory.peak(batch) / 1e9:.1f} GB: batches that run "
+            "out of memory are redone in parts and the budget lowered (data.max_pixels: auto fits the device)"
+        )
+    return line
+
+
+def too_large(model, data: Data, aligned: list, capacity: int, settings: StepSettings, measured: tuple) -> ConfigError:
+    """The ConfigError for training scans whose step cannot fit the device even alone: how many, the largest by
+    name, what it needs against what there is, and what would make it fit (measured where that is quick)."""
+    memory, free, share = measured
+    areas = [h * w for h, w in aligned]
+    over = sorted((i for i, area in enumerate(areas) if area > capacity), key=lambda i: -areas[i])
+    first = over[0]
+    (h, w), (ha, wa) = data.train_sizes[first], aligned[first]
+    names = ", ".join(f"'{data.train[i]['name']}'" for i in over[:3]) + (", ..." if len(over) > 3 else "")
+    return ConfigError(
+        f"data.max_pixels: auto: {len(over)} training scan(s) cannot train on {settings.device} even alone "
+        f"({names}). The largest, {h} x {w} px ({pixels_text(ha * wa)} padded), needs about "
+        f"{memory.peak(ha * wa) / 1e9:.1f} GB for one step at {memory.describe()}; a step may plan with "
+        f"{share / 1e9:.1f} GB of the {free / 1e9:.1f} GB free, enough for {pixels_text(capacity)}. To make it "
+        f"fit: {'; '.join(fit_hints(model, settings, memory, share, (ha, wa)))}.",
+        keys=("data.max_pixels",),
+    )
+
+
+def fit_hints(model, settings: StepSettings, memory: StepMemory, share: float, scan: tuple[int, int]) -> list[str]:
+    """What would let a scan of padded size ``scan`` train in ``share`` bytes: checkpointing (measured), bf16
+    (measured on CUDA), a crop that fits, a smaller model."""
+    hints, divisor, needed = [], model.size_divisor, scan[0] * scan[1]
+    capacity = memory.fitting(share)
+    if not memory.checkpointing and any("checkpointing" in vars(m) for m in model.modules()):
+        set_checkpointing(model, True)
+        try:
+            with_checkpointing = probe_memory(model, settings).fitting(share)
+        finally:
+            set_checkpointing(model, False)
+        fits = "fits" if with_checkpointing >= needed else "not enough alone"
+        hints.append(f"model.checkpointing=true (measured: room for {pixels_text(with_checkpointing)}, {fits})")
+    if settings.precision == "fp32":
+        if settings.device.type == "cuda":
+            bf16 = probe_memory(model, replace(settings, precision="bf16")).fitting(share)
+            hints.append(f"train.precision=bf16 (measured: room for {pixels_text(bf16)})")
+        else:
+            hints.append("train.precision=bf16 (fewer bytes per pixel)")
+    height = scan[0] if capacity >= scan[0] * divisor else max(divisor, int(capacity**0.5) // divisor * divisor)
+    width = max(divisor, capacity // height // divisor * divisor)
+    hints.append(f"data.crop=[{height}, {width}] (train on random crops of the larger scans)")
+    hints.append("a smaller model (fewer model.base_channels: bytes per pixel shrink about in proportion)")
+    return hints
+
+
 @dataclass
 class Loop:
     """What every epoch works with: the state a checkpoint holds, the module a step calls (``state.model`` or its
     DDP wrapper), the batches, the step's settings, this process, the run folder, TensorBoard (main process, when
-    installed), the number of epochs, how often to validate, and what this run's last.pt holds (for the console)."""
+    installed), the number of epochs, how often to validate, what this run's last.pt holds (for the console), and
+    the step's measured memory."""
 
     state: TrainState
     net: torch.nn.Module
@@ -289,3 +463,4 @@ class Loop:
     epochs: int
     val_every: int
     last_saved: str = "what it held when this run started (if it existed)"
+    memory: StepMemory | None = None  # the training step's measured memory, for the metrics rows

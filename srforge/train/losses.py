@@ -27,6 +27,13 @@ def dice_loss(
     return 1 - ((2 * inter + eps) / (total + eps)).mean()
 
 
+def valid_pixels(target: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """int64 scalar on target's device: the pixels of ``target`` [B, H, W] whose class counts (not ``ignore_index``;
+    padding carries it). The count a batch's cross-entropy is averaged over, and what weights the parts of one
+    optimizer update against each other (gradient accumulation, a batch redone in parts)."""
+    return (target != ignore_index).sum()
+
+
 def segmentation_loss(
     logits: torch.Tensor, target: torch.Tensor, ignore_index: int = IGNORE_INDEX, dice_weight: float = 0.0
 ) -> torch.Tensor:
@@ -35,9 +42,13 @@ def segmentation_loss(
     The one loss of training and validation. The mean divides the summed cross-entropy by the number of valid
     pixels, at least 1, on the device: a batch with no valid pixel (an all-ignore crop) gives a zero that keeps
     the graph, not cross-entropy's 0/0 NaN, and no value is read back to the host to decide it.
+
+    One optimizer update over several batches (or one batch in parts) weights each part's loss by its share of the
+    update's valid pixels: the cross-entropy then equals exactly that of one batch holding them all; the Dice term,
+    a ratio over the whole batch, becomes the valid-pixel-weighted mean of the parts' Dice (srforge.train.step).
     """
     logits = logits.float()  # once for both terms (under autocast the logits are bf16 / fp16)
-    valid = (target != ignore_index).sum().clamp_min(1)
+    valid = valid_pixels(target, ignore_index).clamp_min(1)
     loss = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum") / valid
     if dice_weight:
         loss = loss + dice_weight * dice_loss(logits, target, ignore_index)

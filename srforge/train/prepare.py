@@ -25,11 +25,11 @@ from typing import Any
 
 from srforge.atomic import DiskFullError, atomic_write_text, disk_full_names, remove_stale_temporaries
 from srforge.config import ConfigError, dump
-from srforge.config.schema import Config, ModelSection, SyntheticSection
+from srforge.config.schema import UNET_CLASS, UNET_CLASSES, Config, ModelSection, SyntheticSection
 from srforge.locks import LOCK_NAME, FolderLock
 from srforge.runtime.checkpoint import load_checkpoint
 from srforge.runtime.distributed import Processes
-from srforge.train.build import MODEL_ARGS
+from srforge.train.build import model_kwargs
 
 
 def checkpoint_file(resume: str | os.PathLike) -> Path:
@@ -44,22 +44,47 @@ def resume_checkpoint(
     """The checkpoint to resume from, checked against the config's model; None without ``resume``.
 
     ``checkpoint`` is that file's content when the caller has read it already (srforge-train reads it for its
-    config), else it is read here. A resumed run keeps its model: any model argument that differs
-    (``model.num_classes`` above all) is a ConfigError here, before the run folder is touched.
+    config), else it is read here. A resumed run keeps its model: another model class, norm option or argument
+    (``model.num_classes`` above all) is a ConfigError here (:func:`model_differences`), before the run folder is
+    touched and before any class is imported.
     """
     if resume is None:
         return None
     path = checkpoint_file(resume)
     ckpt = load_checkpoint(path) if checkpoint is None else checkpoint
-    saved = ckpt["model_args"]
-    differ = [k for k in MODEL_ARGS if k in saved and saved[k] != model_cfg[k]]
+    differ = model_differences(ckpt, model_cfg)
     if differ:
-        found = ", ".join(f"model.{k}={model_cfg[k]!r} (the checkpoint has {saved[k]!r})" for k in differ)
         raise ConfigError(
-            f"--resume {path}: the config asks for {found}. A resumed run keeps its model: drop these overrides, "
-            "or start a new run in another run.dir without --resume."
+            f"--resume {path}: the config asks for {', '.join(differ)}. A resumed run keeps its model: drop these "
+            "overrides, or start a new run in another run.dir without --resume."
         )
     return ckpt
+
+
+def model_differences(ckpt: dict[str, Any], model_cfg: ModelSection) -> list[str]:
+    """How the config's model differs from the checkpoint's, one "model.KEY=VALUE (the checkpoint has SAVED)" each:
+    the class (srforge's UNet under any of its paths counts as one), the norm option, the arguments. A checkpoint
+    without ``model_class`` holds srforge's UNet; its arguments are compared where both sides name them, since
+    older checkpoints record only some. Another class's arguments are compared whole."""
+    saved_class, wanted_class = ckpt.get("model_class", UNET_CLASS), model_cfg.class_
+    unet = saved_class in UNET_CLASSES
+    if unet != (wanted_class in UNET_CLASSES) or (not unet and saved_class != wanted_class):
+        return [f"model.class={wanted_class!r} (the checkpoint has {saved_class!r})"]
+    differ = []
+    saved_norm = ckpt.get("model_norm", "keep")
+    if saved_norm != model_cfg.norm:
+        differ.append(f"model.norm={model_cfg.norm!r} (the checkpoint has {saved_norm!r})")
+    saved, wanted = ckpt["model_args"], model_kwargs(model_cfg)
+    names = [k for k in wanted if k in saved] if unet else sorted(set(wanted) | set(saved))
+    for name in names:
+        if (name in saved, saved.get(name)) != (name in wanted, wanted.get(name)):
+            where = f"model.{name}" if name in model_cfg and name not in model_cfg.args else f"model.args.{name}"
+            differ.append(f"{where}={_shown(wanted, name)} (the checkpoint has {_shown(saved, name)})")
+    return differ
+
+
+def _shown(args: dict[str, Any], name: str) -> str:
+    return repr(args[name]) if name in args else "nothing"
 
 
 # A run folder holds a run when one of these is there; --overwrite removes PREVIOUS_RUN (the user's own files and

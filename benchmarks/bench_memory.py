@@ -1,0 +1,297 @@
+"""Training memory per padded pixel, by model size, precision and activation checkpointing; what each card can train.
+
+For the padding-aware UNet (depth 5, 4 classes, Dice weight 1: configs/welllog.yaml's model at base 8, 16 and 32)
+in fp32 and bf16, with ``model.checkpointing`` off and on, it measures one training step (forward, loss, backward)
+with the trainer's own probe (:func:`srforge.train.step.probe_memory`): bytes per padded pixel and the fixed part
+(gradients, workspaces, and AdamW's state counted from the parameters). On the CPU the peaks come from the
+profiler's record of torch's CPU allocator, on CUDA from ``max_memory_allocated``; bytes per pixel is a ratio of
+two input sizes, so small inputs measure it. Then, from the measured model, the largest scan each common card (24,
+48, 80 and 141 GB, taken as that many 10^9 bytes less 1 GB for the CUDA context) can train alone under
+``data.max_pixels: auto`` (75% of its free memory), and the auto budget itself. Last, the time checkpointing costs:
+median seconds of a step with it off and on, interleaved, per model size (fp32).
+
+    python benchmarks/bench_memory.py [--device cpu|cuda] [--bases 8 16 32] [--out FILE.json]
+
+On a GPU, two checks that benchmarks/gpu_check.sh runs (exit status 0 passed, 3 failed, one line of figures):
+
+    --check probe   configs/welllog.yaml's model (base 32, bf16, channels_last): the probe's predicted peak of a
+                    training step at the data.max_pixels: auto budget against max_memory_allocated of a real step
+                    (forward, loss, backward, fused AdamW) over that many pixels of 640 x 4,800 scans; within 15%.
+    --check oom     a batch the probe says needs 1.2x the free memory (base 32, fp32) really runs out of memory, is
+                    redone in parts by the trainer's step and the budget lowered; the step is taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from srforge.data.collate import AlignedCollate  # noqa: E402
+from srforge.data.entry import Entry  # noqa: E402
+from srforge.models import UNet  # noqa: E402
+from srforge.runtime.device import autocast  # noqa: E402
+from srforge.runtime.memory import AUTO_FRACTION, auto_budget, free_memory, planning_share  # noqa: E402
+from srforge.train.losses import segmentation_loss  # noqa: E402
+from srforge.train.step import Progress, StepSettings, probe_memory, train_epoch  # noqa: E402
+
+CARDS_GB = (24, 48, 80, 141)
+CONTEXT_BYTES = 10**9  # what the CUDA context and the library kernels take on a card before training starts
+FULL_SIZE = (640, 12_800)  # the widest full-size well-log scan
+
+
+def settings_for(device: torch.device, precision: str) -> StepSettings:
+    """The trainer's step settings for configs/welllog.yaml's model (channels_last on CUDA, as that config)."""
+    return StepSettings(device, precision, device.type == "cuda", num_classes=4, ignore_index=255, dice_weight=1.0)
+
+
+def measure(base: int, precision: str, checkpointing: bool, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    model = UNet(num_classes=4, base_channels=base, depth=5, checkpointing=checkpointing).to(device)
+    settings = settings_for(device, precision)
+    if settings.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    started = time.perf_counter()
+    memory = probe_memory(model, settings)
+    return {
+        "base_channels": base,
+        "precision": precision,
+        "checkpointing": checkpointing,
+        "bytes_per_pixel": memory.bytes_per_pixel,
+        "fixed_bytes": memory.fixed_bytes,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "probe_seconds": time.perf_counter() - started,
+        "memory": memory,
+    }
+
+
+def cards(row: dict) -> list[dict]:
+    """The largest scan a card can train alone (capacity) and the auto budget, from the row's measured model."""
+    out = []
+    for gb in CARDS_GB:
+        share = planning_share(gb * 10**9 - CONTEXT_BYTES, "cuda")
+        budget, capacity = auto_budget(row["memory"], share, "cuda", 32)
+        width = capacity // FULL_SIZE[0] // 32 * 32
+        out.append({"card_gb": gb, "capacity_px": capacity, "auto_budget_px": budget, "width_at_640": width})
+    return out
+
+
+def step_seconds(base: int, device: torch.device, shape: tuple[int, int], repeats: int) -> tuple[float, float]:
+    """Median seconds of a fp32 training step (forward, loss, backward) with checkpointing off and on, the two
+    interleaved so that a machine shared with other work slows both alike."""
+    torch.manual_seed(0)
+    model = UNet(num_classes=4, base_channels=base, depth=5).to(device)
+    g = torch.Generator().manual_seed(0)
+    image = torch.randint(0, 256, (1, 3, *shape), dtype=torch.uint8, generator=g).to(device)
+    mask = torch.randint(0, 4, (1, *shape), generator=g).to(device)
+    sizes = torch.tensor([list(shape)], device=device)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(repeats + 1):
+        for checkpointing in (False, True):
+            model.checkpointing = checkpointing
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            with autocast(device, "fp32"):
+                logits = model(image, sizes)
+            segmentation_loss(logits, mask, 255, 1.0).backward()
+            model.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i:  # the first round warms up
+                times[checkpointing].append(time.perf_counter() - t0)
+    return statistics.median(times[False]), statistics.median(times[True])
+
+
+def welllog_model(device: torch.device, precision: str, channels_last: bool) -> tuple[UNet, StepSettings]:
+    torch.manual_seed(0)
+    model = UNet(num_classes=4, base_channels=32, depth=5).to(device)
+    settings = StepSettings(device, precision, channels_last, num_classes=4, ignore_index=255, dice_weight=1.0)
+    return (model.to(memory_format=torch.channels_last) if channels_last else model), settings
+
+
+def scans_batch(count: int, height: int = 640, width: int = 4800) -> Entry:
+    """A collated batch of ``count`` random scans of height x width with 4-class masks, in host memory."""
+    g = torch.Generator().manual_seed(0)
+    samples = [
+        Entry(
+            name=f"scan_{i}",
+            image=torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=g),
+            mask=torch.randint(0, 4, (height, width), dtype=torch.uint8, generator=g),
+        )
+        for i in range(count)
+    ]
+    return AlignedCollate(32, pad={"image": 0, "mask": 255})(samples)
+
+
+def check_probe(device: torch.device) -> tuple[bool, str]:
+    """The probe's peak against a real step's at the auto budget (see the module docstring)."""
+    model, settings = welllog_model(device, "bf16", channels_last=True)
+    weights = torch.cuda.memory_allocated(device)
+    memory = probe_memory(model, settings)
+    free = free_memory(device)
+    budget, _ = auto_budget(memory, planning_share(free, "cuda"), "cuda", 32)
+    count = max(1, budget // (640 * 4800))
+    batch = scans_batch(count)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    for measured_step in (False, True):  # the first creates AdamW's state, as every step after the first holds it
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        image = batch.image.to(device).contiguous(memory_format=torch.channels_last)
+        mask, sizes = batch.mask.to(device).long(), batch.sizes.to(device)
+        with autocast(device, "bf16"):
+            logits = model(image, sizes)
+        segmentation_loss(logits, mask, 255, 1.0).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del image, mask, sizes, logits
+        torch.cuda.synchronize(device)
+    measured = torch.cuda.max_memory_allocated(device) - weights
+    pixels = count * 640 * 4800
+    predicted = memory.peak(pixels)
+    error = abs(predicted - measured) / measured
+    figures = (
+        f"{memory.describe()}; {free / 1e9:.1f} GB free, auto budget {budget / 1e6:.1f} Mpx; a step over {count} x "
+        f"640 x 4,800 ({pixels / 1e6:.1f} Mpx): predicted {predicted / 1e9:.2f} GB, measured {measured / 1e9:.2f} GB "
+        f"({error:.1%} apart; goal <= 15%)"
+    )
+    return error <= 0.15, figures
+
+
+def check_oom(device: torch.device) -> tuple[bool, str]:
+    """A batch that cannot fit, recovered by the trainer's step (see the module docstring)."""
+    model, settings = welllog_model(device, "fp32", channels_last=False)
+    memory = probe_memory(model, settings)
+    free = free_memory(device)
+    per_scan = memory.bytes_per_pixel * 640 * 4800
+    count = max(2, int((1.2 * free - memory.fixed_bytes) // per_scan) + 1)
+    batch = scans_batch(count)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    scaler = torch.amp.GradScaler("cuda", enabled=False)
+    progress = Progress()
+    started = time.perf_counter()
+    train_epoch(model, [batch], optimizer, scheduler, scaler, progress, settings)
+    seconds = time.perf_counter() - started
+    finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    budget = settings.budget.pixels
+    figures = (
+        f"a batch of {count} x 640 x 4,800 ({count * 640 * 4800 / 1e6:.1f} Mpx, about "
+        f"{memory.peak(count * 640 * 4800) / 1e9:.0f} GB by the probe) on {free / 1e9:.1f} GB free: "
+        f"{settings.budget.events} out-of-memory event(s), budget lowered to "
+        f"{'none' if budget is None else f'{budget / 1e6:.1f} Mpx'}, {progress.step} step taken in {seconds:.1f} s, "
+        f"weights finite: {finite}"
+    )
+    return settings.budget.events >= 1 and progress.step == 1 and finite, figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+    parser.add_argument("--bases", type=int, nargs="+", default=[8, 16, 32])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per setting for the checkpointing cost")
+    parser.add_argument("--out", default="benchmarks/results/bench_memory.json")
+    parser.add_argument("--check", choices=("probe", "oom"), help="run one GPU check instead of the table")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print("bench_memory: --device cuda, but no CUDA device is available", file=sys.stderr)
+            return 2
+        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    if args.check:
+        if device.type != "cuda":
+            print(f"bench_memory: --check {args.check} needs --device cuda", file=sys.stderr)
+            return 2
+        passed, figures = (check_probe if args.check == "probe" else check_oom)(device)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"check": args.check, "passed": passed, "figures": figures}, indent=2))
+        print(figures)
+        return 0 if passed else 3
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    rows = []
+    for base in args.bases:
+        for precision in args.precisions:
+            for checkpointing in (False, True):
+                row = measure(base, precision, checkpointing, device)
+                rows.append(row)
+                print(
+                    f"base {base:2d} {precision} checkpointing {'on ' if checkpointing else 'off'}: "
+                    f"{row['bytes_per_pixel']:7,.0f} B/px, fixed {row['fixed_bytes'] / 1e6:7,.1f} MB "
+                    f"(probe {row['probe_seconds']:.1f} s)",
+                    flush=True,
+                )
+    shape = (512, 2048) if device.type == "cuda" else (128, 1024)
+    timing = {}
+    for base in args.bases:
+        plain, checkpointed = step_seconds(base, device, shape, args.repeats)
+        timing[base] = {"plain_s": plain, "checkpointing_s": checkpointed, "ratio": checkpointed / plain}
+        print(
+            f"base {base:2d} fp32 step {shape[0]} x {shape[1]}: {plain:.3f} s, checkpointing {checkpointed:.3f} s "
+            f"({checkpointed / plain:.2f}x)",
+            flush=True,
+        )
+    report_table(rows, timing, device, load)
+    for row in rows:
+        row["cards"] = cards(row)
+        del row["memory"]
+    report = {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+        "load_average_at_start": load,
+        "auto_fraction": AUTO_FRACTION,
+        "rows": rows,
+        "checkpointing_time": {str(k): v for k, v in timing.items()},
+        "timing_shape": list(shape),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def report_table(rows: list[dict], timing: dict, device: torch.device, load: float) -> None:
+    """The markdown tables: bytes per pixel with the checkpointing ratio; the cards; the time cost."""
+    print(f"\ndevice {device}; load average {load:.2f} at start\n")
+    print("| base | precision | B/px | B/px, checkpointing | ratio | fixed MB (incl. AdamW) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    pairs = {(r["base_channels"], r["precision"], r["checkpointing"]): r for r in rows}
+    for (base, precision, checkpointing), row in pairs.items():
+        if checkpointing:
+            continue
+        on = pairs[(base, precision, True)]
+        print(
+            f"| {base} | {precision} | {row['bytes_per_pixel']:,.0f} | {on['bytes_per_pixel']:,.0f} | "
+            f"{row['bytes_per_pixel'] / on['bytes_per_pixel']:.2f}x | {row['fixed_bytes'] / 1e6:,.0f} |"
+        )
+    print(
+        f"\nLargest scan alone under data.max_pixels: auto ({AUTO_FRACTION:.0%} of the card less 1 GB), "
+        "Mpx (width at 640 px high); * = a full-size 640 x 12,800 scan fits\n"
+    )
+    print("| base | precision | checkpointing | " + " | ".join(f"{gb} GB" for gb in CARDS_GB) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in CARDS_GB) + " |")
+    full = FULL_SIZE[0] * FULL_SIZE[1]
+    for row in rows:
+        cells = [
+            f"{c['capacity_px'] / 1e6:.1f} ({c['width_at_640']:,}){'*' if c['capacity_px'] >= full else ''}"
+            for c in cards(row)
+        ]
+        flag = "on" if row["checkpointing"] else "off"
+        print(f"| {row['base_channels']} | {row['precision']} | {flag} | " + " | ".join(cells) + " |")
+    print("\n| base | fp32 step | with checkpointing | ratio |\n| --- | --- | --- | --- |")
+    for base, t in timing.items():
+        print(f"| {base} | {t['plain_s']:.3f} s | {t['checkpointing_s']:.3f} s | {t['ratio']:.2f}x |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,475 @@
+"""Any nn.Module by one line of YAML: train, resume exactly, predict and export from the checkpoint alone; the trust
+rule for classes a checkpoint names; the contract check; weights files; srforge's UNet unchanged.
+
+The models are defined here, so their import paths are ``test_any_model:Name`` (pytest puts the
+tests folder on sys.path). Images are tens of pixels, weights random, nothing is downloaded.
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from helpers import labels, rgb, write
+from PIL import Image
+from torch import nn
+
+from srforge.cli import main_check_data, main_export, main_predict, main_train
+from srforge.config import ConfigError, resolve
+from srforge.models import UNet
+from srforge.models.build import create_model
+from srforge.models.contract import ImageOnly, check_model
+from srforge.models.weights import WeightsFile, load_weights
+from srforge.predict.predictor import Predictor
+from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from srforge.train.build import build_model
+from srforge.train.prepare import resume_checkpoint
+
+CALLED: list[str] = []  # what NotAModule and friends were called with: must stay empty
+
+
+class TinyNet(nn.Module):
+    """A user's model on srforge's contract: the three attributes, forward(image, sizes=None), its own uint8 ->
+    float step. Two stride-2 convs: size divisor 4."""
+
+    def __init__(self, in_channels=3, num_classes=2, width=8):
+        super().__init__()
+        self.in_channels, self.num_classes, self.size_divisor = in_channels, num_classes, 4
+        self.encoder = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(width, width, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(width, width, 3, stride=2, padding=1),
+            nn.ReLU(),
+        )
+        self.head = nn.ConvTranspose2d(width, num_classes, 4, stride=4)
+
+    def forward(self, image, sizes=None):
+        x = image.float() / 255 if image.dtype == torch.uint8 else image.float()
+        return self.head(self.encoder(x))
+
+
+class PlainNet(TinyNet):
+    """torchvision's, timm's and smp's way: forward takes the image alone."""
+
+    def forward(self, x):
+        return super().forward(x)
+
+
+class NotAModule:
+    """A class that is no nn.Module: srforge must refuse it before calling it."""
+
+    def __init__(self, **kwargs):
+        CALLED.append(f"NotAModule{kwargs}")
+
+
+def _config(run_dir: Path, root: Path, **model) -> dict:
+    """A TinyNet run on the scans under ``root`` (srforge's own SegmentationFolder)."""
+    return {
+        "run": {"dir": str(run_dir), "seed": 5, "device": "cpu"},
+        "data": {
+            "dataset": {"class": "srforge.data.datasets:SegmentationFolder", "args": {"root": str(root)}},
+            "batch_size": 3,
+        },
+        "model": {"class": "test_any_model:TinyNet", "args": {"width": 6}, "class_names": ["paper", "ink"], **model},
+        "train": {"epochs": 3, "lr": 0.01, "warmup_steps": 2},
+    }
+
+
+def _config_file(folder: Path, run_dir: Path, root: Path, **model) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.yaml"
+    path.write_text(yaml.safe_dump(_config(run_dir, root, **model)))
+    return path
+
+
+def _dataset(root: Path, n: int = 8) -> Path:
+    """``n`` image/mask pairs of 18-22 x 24-59 px under ``root`` (deep enough for model.depth's default check)."""
+    for i in range(n):
+        h, w = 18 + i % 5, 24 + 5 * i
+        write(root / "images" / f"s{i}.png", rgb(h, w, i))
+        write(root / "masks" / f"s{i}.png", labels(h, w, 2, i))
+    return root
+
+
+def _scans(folder: Path) -> dict[str, tuple[int, int]]:
+    """Three RGB scans of sizes that are no multiple of 4, as PNG; {name: (H, W)}."""
+    sizes = {"a": (19, 30), "b": (22, 41), "c": (13, 9)}
+    for i, (name, (h, w)) in enumerate(sizes.items()):
+        write(folder / f"{name}.png", rgb(h, w, i))
+    return sizes
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A TinyNet run of 3 epochs straight, and one stopped after 1 epoch and resumed (--resume, its own config)."""
+    tmp = tmp_path_factory.mktemp("any_model")
+    root = _dataset(tmp / "data")
+    assert main_train(["--config", str(_config_file(tmp / "cfg_a", tmp / "straight", root))]) == 0
+    stopped = _config_file(tmp / "cfg_b", tmp / "stopped", root)
+    assert main_train(["--config", str(stopped), "train.stop_after=1"]) == 0
+    assert load_checkpoint(tmp / "stopped" / "last.pt")["epoch"] == 1
+    assert main_train(["--resume", str(tmp / "stopped"), "train.stop_after=null"]) == 0
+    return tmp
+
+
+# -- training, resume, prediction, export ------------------------------------------------------------------
+def test_a_model_from_yaml_trains_and_its_checkpoint_records_how_to_rebuild_it(runs):
+    ckpt = load_checkpoint(runs / "straight" / "last.pt")
+    assert ckpt["model_class"] == "test_any_model:TinyNet" and ckpt["model_norm"] == "keep"
+    assert ckpt["model_args"] == {"in_channels": 3, "num_classes": 2, "width": 6}
+    assert ckpt["size_divisor"] == 4 and ckpt["epoch"] == 3
+    assert "class: test_any_model:TinyNet" in (runs / "straight" / "config.yaml").read_text()
+    model = model_from_checkpoint(ckpt, allowed=["test_any_model:TinyNet"])
+    assert isinstance(model, TinyNet) and not model.training
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in ckpt["model"].items())
+
+
+def test_a_resumed_run_of_any_model_ends_with_the_same_bits(runs):
+    a = load_checkpoint(runs / "straight" / "last.pt")
+    b = load_checkpoint(runs / "stopped" / "last.pt")
+    assert a["epoch"] == b["epoch"] == 3 and a["step"] == b["step"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def test_predict_rebuilds_the_model_from_the_checkpoint_in_its_run_folder(runs, tmp_path):
+    sizes = _scans(tmp_path / "scans")
+    out = tmp_path / "out"
+    args = ["--checkpoint", str(runs / "straight" / "best.pt"), "--input", str(tmp_path / "scans")]
+    assert main_predict([*args, "--output", str(out), "--no-progress", "--workers", "0"]) == 0
+    for name, (h, w) in sizes.items():
+        with Image.open(out / "masks" / f"{name}.png") as mask:
+            assert mask.size == (w, h)
+    # tiled (a budget below a scan's padded area) and whole give the same class maps
+    whole = Predictor.from_checkpoint(runs / "straight" / "best.pt", device="cpu")
+    tiled = Predictor.from_checkpoint(runs / "straight" / "best.pt", device="cpu", max_pixels=24 * 24, overlap=8)
+    image = torch.from_numpy(rgb(40, 52, 7)).permute(2, 0, 1).contiguous()
+    (a,), (b,) = whole.predict([image]), tiled.predict([image])
+    assert a.shape == (40, 52) and float((a == b).float().mean()) > 0.99
+
+
+def test_export_of_any_model_matches_onnxruntime(runs, tmp_path, capsys):
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        pytest.importorskip(name, reason='ONNX export needs the optional extra: pip install -e ".[export]"')
+    out = tmp_path / "tiny.onnx"
+    assert main_export(["--checkpoint", str(runs / "straight" / "best.pt"), "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    # TinyNet has no padding_aware: the graph takes the image alone
+    assert "image uint8 [B, C, H, W] -> logits [B, K, H, W], H and W multiples of 4" in printed
+    assert "onnxruntime vs PyTorch" in printed and out.is_file()
+
+
+# -- trust ---------------------------------------------------------------------------------------------------
+def test_a_lone_checkpoint_naming_a_class_is_refused_unless_allowed(runs, tmp_path, capsys):
+    lone = tmp_path / "lone" / "best.pt"
+    lone.parent.mkdir()
+    shutil.copy(runs / "straight" / "best.pt", lone)
+    sizes = _scans(tmp_path / "scans")
+    args = ["--checkpoint", str(lone), "--input", str(tmp_path / "scans"), "--no-progress", "--workers", "0"]
+    assert main_predict([*args, "--output", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert "its model is test_any_model:TinyNet (model_class)" in err
+    assert "pass --allow-model test_any_model:TinyNet" in err and "Traceback" not in err
+    assert not (tmp_path / "refused" / "masks").exists()
+    assert main_export(["--checkpoint", str(lone), "--output", str(tmp_path / "m.onnx")]) == 2
+    assert "--allow-model test_any_model:TinyNet" in capsys.readouterr().err
+    allowed = [*args, "--output", str(tmp_path / "allowed"), "--allow-model", "test_any_model:TinyNet"]
+    assert main_predict(allowed) == 0
+    assert sorted(p.stem for p in (tmp_path / "allowed" / "masks").iterdir()) == sorted(sizes)
+
+
+def test_the_module_of_an_untrusted_class_is_never_imported(runs, tmp_path, capsys, monkeypatch):
+    touched = tmp_path / "IMPORTED"
+    (tmp_path / "evil_model.py").write_text(f"open({str(touched)!r}, 'w').close()\nNet = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ckpt = torch.load(runs / "straight" / "best.pt", weights_only=True)
+    ckpt["model_class"] = "evil_model:Net"
+    folder = tmp_path / "run"
+    folder.mkdir()
+    torch.save(ckpt, folder / "best.pt")
+    # the config.yaml beside it names another class: that allows only that one
+    (folder / "config.yaml").write_text(yaml.safe_dump({"model": {"class": "test_any_model:TinyNet"}}))
+    _scans(tmp_path / "scans")
+    args = [
+        "--checkpoint",
+        str(folder / "best.pt"),
+        "--input",
+        str(tmp_path / "scans"),
+        "--output",
+        str(tmp_path / "o"),
+    ]
+    assert main_predict([*args, "--no-progress", "--workers", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "its model is evil_model:Net" in err and "names model.class test_any_model:TinyNet, not it" in err
+    with pytest.raises(ConfigError, match="allow_model=\\['evil_model:Net'\\]"):
+        Predictor.from_checkpoint(folder / "best.pt", device="cpu")
+    with pytest.raises(ValueError, match="evil_model:Net is not srforge's own"):
+        model_from_checkpoint(ckpt)
+    assert not touched.exists() and "evil_model" not in sys.modules
+
+
+def test_resume_checks_the_model_class_of_the_embedded_config(runs, tmp_path, capsys, monkeypatch):
+    touched = tmp_path / "IMPORTED"
+    (tmp_path / "evil_model.py").write_text(f"open({str(touched)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ckpt = torch.load(runs / "straight" / "last.pt", weights_only=True)
+    ckpt["config"]["model"]["class"] = ckpt["model_class"] = "evil_model:Net"
+    torch.save(ckpt, tmp_path / "evil.pt")  # no config.yaml beside it
+    assert main_train(["--resume", str(tmp_path / "evil.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "asks srforge to import model.class=evil_model:Net, which your own config does not name" in err
+    assert "allow it on the command line: model.class=evil_model:Net (or pass --config" in err
+    assert not touched.exists() and "evil_model" not in sys.modules
+
+
+def test_a_class_that_is_no_module_is_refused_before_it_is_called(tmp_path, capsys):
+    root = _dataset(tmp_path / "data", n=4)
+    config = _config_file(tmp_path, tmp_path / "run", root, **{"class": "test_any_model:NotAModule"})
+    assert main_train(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "model.class: test_any_model:NotAModule is the class test_any_model.NotAModule, not a torch.nn" in err
+    with pytest.raises(ValueError, match="model.class: os:system is builtin_function_or_method, not a torch.nn.Module"):
+        create_model("os:system", {"command": "echo called"})
+    assert CALLED == []
+
+
+# -- the contract ------------------------------------------------------------------------------------------
+def _build(cls, **kwargs):
+    return create_model("test:Model", kwargs, resolve=lambda path: cls, where="model.class")
+
+
+def test_the_contract_check_names_the_class_and_what_is_wrong():
+    class NoDivisor(TinyNet):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            del self.size_divisor
+
+    class BoolClasses(TinyNet):
+        num_classes = True
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.num_classes = True
+
+    class Shrinks(TinyNet):
+        def forward(self, image, sizes=None):
+            return self.encoder(image.float())
+
+    class Fails(TinyNet):
+        def forward(self, image, sizes=None):
+            raise RuntimeError("boom")
+
+    with pytest.raises(ValueError, match=r"model.class: .*NoDivisor has no such attribute; .*self.size_divisor"):
+        _build(NoDivisor)
+    with pytest.raises(ValueError, match=r"BoolClasses has num_classes=True"):
+        _build(BoolClasses)
+    with pytest.raises(ValueError, match=r"Shrinks returned shape \[1, 8, 2, 3\] for an image \[1, 3, 8, 12\]"):
+        _build(Shrinks)
+    with pytest.raises(ValueError, match=r"Fails's forward failed on a zero image uint8 \[1, 3, 8, 12\].*boom"):
+        _build(Fails)
+    with pytest.raises(ValueError, match=r"TinyNet could not be built with \{'depth': 3\}.*it takes"):
+        _build(TinyNet, depth=3)
+
+
+def test_a_forward_without_sizes_is_called_with_the_image_alone():
+    model = _build(PlainNet)
+    assert isinstance(model, ImageOnly) and model.size_divisor == 4 and model.padding_aware is False
+    image = torch.randint(0, 256, (2, 3, 8, 12), dtype=torch.uint8)
+    assert torch.equal(model(image, torch.tensor([[8, 12], [5, 7]])), model.model(image))
+    assert isinstance(_build(TinyNet), TinyNet)  # a forward that takes sizes is used as it is
+    predictor = Predictor(PlainNet(), device="cpu")  # a model handed to the Predictor directly, too
+    assert predictor.predict([image[0]])[0].shape == (8, 12)
+
+
+def test_the_probe_changes_nothing_a_run_could_see():
+    class Counting(TinyNet):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.norm = nn.BatchNorm2d(3)
+
+        def forward(self, image, sizes=None):
+            return super().forward(self.norm(image.float()))
+
+    model = _build(Counting)  # probed once in create_model
+    assert model.training and torch.equal(model.norm.running_mean, torch.zeros(3))
+    assert int(model.norm.num_batches_tracked) == 0
+    state = torch.get_rng_state()
+    model.encoder.eval()  # a submodule the user keeps in eval mode stays there
+    check_model(model, "here")
+    assert torch.equal(torch.get_rng_state(), state) and model.training and not model.encoder.training
+    assert torch.equal(model.norm.running_mean, torch.zeros(3)) and int(model.norm.num_batches_tracked) == 0
+
+
+# -- weights files -------------------------------------------------------------------------------------------
+def test_a_weights_file_round_trips_into_the_model_or_its_encoder(tmp_path):
+    torch.manual_seed(1)
+    source = TinyNet()
+    torch.save(source.state_dict(), tmp_path / "all.pt")
+    lines = []
+    model = create_model(
+        "t:TinyNet", {}, weights=WeightsFile(str(tmp_path / "all.pt")), resolve=lambda p: TinyNet, report=lines.append
+    )
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in source.state_dict().items())
+    assert lines == [f"loaded {tmp_path / 'all.pt'} into model: 8 tensors, 0 missing, 0 unexpected"]
+    # a backbone's file, with a classifier the encoder does not have
+    torch.save({**source.encoder.state_dict(), "fc.weight": torch.zeros(10, 8)}, tmp_path / "backbone.pth")
+    target = TinyNet()
+    with pytest.raises(ValueError, match=r"does not fit the encoder .*1 unexpected: \['fc.weight'\].*weights_strict"):
+        load_weights(target, WeightsFile(str(tmp_path / "backbone.pth"), into="encoder"))
+    line = load_weights(target, WeightsFile(str(tmp_path / "backbone.pth"), into="encoder", strict=False))
+    assert line == f"loaded {tmp_path / 'backbone.pth'} into encoder: 6 tensors, 0 missing, 1 unexpected: ['fc.weight']"
+    assert all(torch.equal(target.encoder.state_dict()[k], v) for k, v in source.encoder.state_dict().items())
+    assert not torch.equal(target.head.weight, source.head.weight)
+    # a file without the head, into the whole model: the head is missing
+    torch.save({k: v for k, v in source.state_dict().items() if k.startswith("encoder.")}, tmp_path / "no_head.pt")
+    with pytest.raises(ValueError, match=r"2 missing: \['head.weight', 'head.bias'\], 0 unexpected\. Load only"):
+        load_weights(TinyNet(), WeightsFile(str(tmp_path / "no_head.pt")))
+
+
+def test_weights_of_another_shape_and_other_kinds_of_files(tmp_path):
+    torch.manual_seed(2)
+    three = TinyNet(num_classes=3)
+    torch.save({"state_dict": three.state_dict(), "epoch": 7}, tmp_path / "lightning.pt")  # found under state_dict
+    with pytest.raises(ValueError, match=r"2 of another shape: \['head.weight: \[8, 3, 4, 4\] in the file, \[8, 2"):
+        load_weights(TinyNet(), WeightsFile(str(tmp_path / "lightning.pt")))
+    two = TinyNet()
+    line = load_weights(two, WeightsFile(str(tmp_path / "lightning.pt"), strict=False))
+    assert "6 tensors, 0 missing, 0 unexpected, 2 of another shape" in line
+    assert torch.equal(two.encoder[0].weight, three.encoder[0].weight)
+    from safetensors.torch import save_file
+
+    save_file(three.state_dict(), str(tmp_path / "w.safetensors"))
+    again = TinyNet(num_classes=3)
+    load_weights(again, WeightsFile(str(tmp_path / "w.safetensors")))
+    assert torch.equal(again.head.weight, three.head.weight)
+    with pytest.raises(ValueError, match=r"model.weights_into: encoder, but srforge.models.unet.UNet has no attr"):
+        load_weights(UNet(base_channels=4, depth=2), WeightsFile(str(tmp_path / "w.safetensors"), into="encoder"))
+    with pytest.raises(ValueError, match=r"nope.pt does not exist"):
+        load_weights(two, WeightsFile(str(tmp_path / "nope.pt")))
+    with pytest.raises(ValueError, match=r"expected a .pt, .pth, .safetensors state-dict file, found '.bin'"):
+        load_weights(two, WeightsFile(str(tmp_path / "w.bin")))
+
+
+def test_a_missing_safetensors_package_is_named(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    save_file(TinyNet().state_dict(), str(tmp_path / "w.safetensors"))
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    with pytest.raises(ImportError, match="needs the safetensors package.*pip install safetensors"):
+        load_weights(TinyNet(), WeightsFile(str(tmp_path / "w.safetensors")))
+
+
+def test_training_loads_model_weights_at_a_fresh_start(tmp_path, capsys):
+    torch.manual_seed(3)
+    source = TinyNet(width=6)
+    torch.save({**source.encoder.state_dict(), "fc.bias": torch.zeros(3)}, tmp_path / "enc.pt")
+    cfg = resolve(
+        _config(
+            tmp_path / "run", tmp_path, weights=str(tmp_path / "enc.pt"), weights_into="encoder", weights_strict=False
+        )
+    )
+    model, _ = build_model(cfg.model, torch.device("cpu"), channels_last=False)
+    assert capsys.readouterr().out == (
+        f"srforge: loaded {tmp_path / 'enc.pt'} into encoder: 6 tensors, 0 missing, 1 unexpected: ['fc.bias']\n"
+    )
+    assert torch.equal(model.encoder[0].weight, source.encoder[0].weight)
+    untouched, _ = build_model(cfg.model, torch.device("cpu"), channels_last=False, load_weights=False)
+    assert capsys.readouterr().out == "" and not torch.equal(untouched.encoder[0].weight, source.encoder[0].weight)
+
+
+# -- config ----------------------------------------------------------------------------------------------------
+def test_the_config_and_the_builder_agree_on_names_written_twice():
+    from srforge.config import schema
+    from srforge.models import build, weights
+
+    assert schema.UNET_CLASS == build.UNET_CLASS and schema.NORMS == build.NORMS
+    assert schema.ModelSection.weights_into.choices == weights.INTO
+    assert {"srforge.models:UNet", "srforge:UNet"} <= set(schema.UNET_CLASSES)
+    assert all(build.import_class(path) is UNet for path in schema.UNET_CLASSES)
+
+
+def test_config_keys_of_the_model_section(tmp_path):
+    cfg = resolve({})
+    assert cfg.model.class_ == "srforge.models.unet:UNet" and cfg.model.args == {} and cfg.model.norm == "keep"
+    assert (cfg.model.weights, cfg.model.weights_into, cfg.model.weights_strict) == (None, "model", True)
+    with pytest.raises(ConfigError, match="model.norm: expected one of"):
+        resolve({"model": {"norm": "batch"}})
+    with pytest.raises(ConfigError, match="model.class: expected 'module.path:ClassName'"):
+        resolve({"model": {"class": "TinyNet"}})
+    with pytest.raises(ConfigError, match=r"model.depth=3: this key configures srforge's UNet only.*model.args"):
+        resolve({"model": {"class": "test_any_model:TinyNet", "depth": 3}})
+    cfg = resolve({"model": {"class": "test_any_model:TinyNet", "args": {"num_classes": 3}}})
+    with pytest.raises(ConfigError, match=r"model.args.num_classes: .*set model.num_classes=3 instead"):
+        build_model(cfg.model, torch.device("cpu"), channels_last=False)
+
+
+def test_a_resumed_run_keeps_its_model_class_norm_and_arguments(runs):
+    ckpt = load_checkpoint(runs / "straight" / "last.pt")
+    same = resolve(_config(runs / "x", runs / "data"))
+    assert resume_checkpoint(runs / "straight", same.model, ckpt) is ckpt
+    for model, expected in [
+        ({"class": "srforge.models.unet:UNet", "args": {}}, "model.class='srforge.models.unet:UNet'"),
+        ({"args": {"width": 7}}, "model.args.width=7 (the checkpoint has 6)"),
+        ({"num_classes": 3, "class_names": None}, "model.num_classes=3 (the checkpoint has 2)"),
+        ({"args": {}}, "model.args.width=nothing (the checkpoint has 6)"),
+    ]:
+        cfg = _config(runs / "x", runs / "data")
+        cfg["model"].update(model)
+        with pytest.raises(ConfigError, match=f"asks for {expected.replace('(', '.').replace(')', '.')}"):
+            resume_checkpoint(runs / "straight", resolve(cfg).model, ckpt)
+
+
+# -- srforge's UNet, unchanged ------------------------------------------------------------------------------------
+def test_a_checkpoint_written_before_model_class_still_predicts(tmp_path):
+    torch.manual_seed(4)
+    unet = UNet(base_channels=4, depth=2)
+    args = {"in_channels": 3, "num_classes": 2, "base_channels": 4, "depth": 2, "max_channels": 512}
+    payload = {"model": unet.state_dict(), "model_args": {**args, "padding_aware": True}, "size_divisor": 4}
+    save_checkpoint({**payload, "class_names": ["a", "b"]}, tmp_path / "old.pt")  # no model_class nor model_norm
+    rebuilt = model_from_checkpoint(load_checkpoint(tmp_path / "old.pt"))
+    assert type(rebuilt) is UNet and all(torch.equal(rebuilt.state_dict()[k], v) for k, v in unet.state_dict().items())
+    _scans(tmp_path / "scans")
+    args = [
+        "--checkpoint",
+        str(tmp_path / "old.pt"),
+        "--input",
+        str(tmp_path / "scans"),
+        "--output",
+        str(tmp_path / "o"),
+    ]
+    assert main_predict([*args, "--no-progress", "--workers", "0"]) == 0
+    assert len(list((tmp_path / "o" / "masks").iterdir())) == 3
+
+
+def test_the_default_model_is_srforge_unet_with_its_keys():
+    cfg = resolve({"model": {"base_channels": 4, "depth": 2}})
+    model, args = build_model(cfg.model, torch.device("cpu"), channels_last=False)
+    assert type(model) is UNet and model.size_divisor == 4
+    assert args == {
+        "in_channels": 3,
+        "num_classes": 2,
+        "base_channels": 4,
+        "depth": 2,
+        "max_channels": 512,
+        "padding_aware": True,
+    }
+
+
+# -- check_data --------------------------------------------------------------------------------------------------
+def test_check_data_takes_the_divisor_from_the_configured_model(tmp_path, monkeypatch):
+    from srforge.data import layout_plot
+
+    root = _dataset(tmp_path / "data", n=4)
+    seen = []
+    real = layout_plot.batch_layout
+    monkeypatch.setattr(layout_plot, "batch_layout", lambda *a, **k: seen.append(k) or real(*a, **k))
+    config = _config_file(tmp_path / "cfg", tmp_path / "run", root)
+    out = tmp_path / "layout.png"
+    assert main_check_data([str(root), "--config", str(config), "--plot", str(out)]) == 0
+    assert seen[-1]["divisor"] == 4 and seen[-1]["batch_size"] == 3 and out.is_file()
+    assert main_check_data([str(root), "--config", str(config), "--plot", str(out), "--divisor", "8"]) == 0
+    assert seen[-1]["divisor"] == 8

@@ -1,0 +1,464 @@
+"""Training that fits the device: the measured memory model, data.max_pixels: auto, out-of-memory recovery in a
+step, activation checkpointing. No GPU here: free memory and out-of-memory errors are simulated (monkeypatched
+torch.cuda.mem_get_info, a forward that raises torch.OutOfMemoryError), the probe is measured on the CPU."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from test_train import ROOT, TinyStrips, tiny_config, torchrun_two
+from torch.utils.data import DataLoader
+
+from srforge.config import ConfigError, resolve
+from srforge.data.adapter import FieldView
+from srforge.data.collate import AlignedCollate
+from srforge.models import UNet
+from srforge.runtime import memory as mem
+from srforge.runtime.checkpoint import load_checkpoint
+from srforge.train import loop as train_loop
+from srforge.train import train
+from srforge.train.step import Budget, Progress, ScanTooLargeError, StepSettings, probe_memory, train_epoch
+
+CPU = torch.device("cpu")
+FIELDS = {"image": "scan", "mask": "labels", "name": "id"}
+
+
+# -- the memory model: measured peaks, the arithmetic, the budget ---------------------------------------------------
+def test_cpu_peak_is_every_allocation_summed_in_time_order():
+    def run():
+        a = torch.empty(10_000_000, dtype=torch.uint8)
+        b = torch.empty(30_000_000, dtype=torch.uint8)  # both held: 40 MB
+        del a, b
+        torch.empty(20_000_000, dtype=torch.uint8)  # after both are freed: 20 MB
+
+    peak = mem.peak_bytes(run, CPU)
+    assert 40_000_000 <= peak < 40_100_000
+
+
+def test_the_profilers_own_console_lines_are_dropped_and_nothing_else(capfd):
+    with mem.quiet_profiler():
+        os.write(2, b"USDT:2026 profiler_start\na warning the user must see\n")
+    err = capfd.readouterr().err
+    assert "a warning the user must see" in err and "USDT" not in err
+
+
+def test_step_memory_arithmetic_and_the_auto_budget_on_a_simulated_80_gb_card(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 10**9, 141 * 10**9))
+    free = mem.free_memory(torch.device("cuda", 0))
+    assert free == 80 * 10**9
+    memory = mem.StepMemory(bytes_per_pixel=2000.0, fixed_bytes=2e9, device="cuda:0", precision="bf16")
+    assert memory.peak(10**6) == 2e9 + 2e9 and memory.fitting(4e9) == 10**6 and memory.fitting(1e9) == 0
+    # One process: 75% of 80 GB = 60 GB; less the 2 GB fixed part, at 2 KB a pixel: 29 Mpx.
+    share = mem.planning_share(free, "cuda")
+    assert share == 60e9
+    assert mem.auto_budget(memory, share, "cuda", 32) == (29_000_000, 29_000_000)
+    # Two processes on the device share it: 30 GB each, 14 Mpx.
+    assert mem.auto_budget(memory, mem.planning_share(free, "cuda", sharing=2), "cuda", 32) == (14_000_000,) * 2
+    # Plenty of memory: at most MAX_CUDA_PIXELS per batch, though a single scan may use the whole capacity.
+    budget, capacity = mem.auto_budget(mem.StepMemory(10.0, 0.0, "cuda:0", "bf16"), share, "cuda", 32)
+    assert budget == mem.MAX_CUDA_PIXELS and capacity == 6_000_000_000
+    # The CPU: half the available RAM, at most 2**22.
+    assert mem.auto_budget(memory, mem.planning_share(8 * 10**9, "cpu"), "cpu", 32) == (1_000_000, 1_000_000)
+    assert mem.auto_budget(memory, mem.planning_share(10**12, "cpu"), "cpu", 32)[0] == mem.MAX_CPU_PIXELS
+
+
+def test_processes_on_one_device_share_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert mem.processes_per_device() == 2
+
+
+def test_out_of_memory_errors_are_recognised():
+    assert mem.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert mem.is_out_of_memory(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
+    assert mem.is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"))
+    assert not mem.is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def _settings(**kw):
+    base = dict(device=CPU, precision="fp32", channels_last=False, num_classes=2, ignore_index=255, dice_weight=0.0)
+    return StepSettings(**{**base, **kw})
+
+
+def test_the_probe_measures_a_cost_per_pixel_and_leaves_the_model_as_it_was():
+    torch.manual_seed(0)
+    model = UNet(base_channels=8, depth=4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    memory = probe_memory(model, _settings(dice_weight=1.0))
+    assert memory.device == "cpu" and memory.precision == "fp32" and not memory.checkpointing
+    # Forward + backward keep several base-channel float32 maps per pixel: hundreds of bytes, not a few.
+    assert 200 < memory.bytes_per_pixel < 5000
+    adam = 2 * sum(p.numel() * 4 for p in model.parameters())
+    assert memory.optimizer_bytes == adam and memory.fixed_bytes >= adam
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters()) and torch.equal(torch.get_rng_state(), rng)
+
+
+# -- activation checkpointing ---------------------------------------------------------------------------------------
+def _padded_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    image = torch.randint(0, 256, (3, 3, 64, 96), dtype=torch.uint8, generator=g)
+    mask = torch.randint(0, 3, (3, 64, 96), generator=g)
+    sizes = torch.tensor([[64, 96], [50, 70], [33, 90]])
+    for i, (h, w) in enumerate(sizes.tolist()):
+        mask[i, h:], mask[i, :, w:] = 255, 255
+    return image, mask, sizes
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_checkpointing_gives_the_plain_steps_gradients(channels_last):
+    from srforge.train.losses import segmentation_loss
+
+    image, mask, sizes = _padded_batch()
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = UNet(num_classes=3, base_channels=8, depth=4, checkpointing=checkpointing)
+        x = image
+        if channels_last:
+            model, x = model.to(memory_format=torch.channels_last), image.contiguous(memory_format=torch.channels_last)
+        segmentation_loss(model(x, sizes), mask, 255, dice_weight=0.5).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    worst = max((grads[0][n] - grads[1][n]).abs().max().item() for n in grads[0])
+    assert worst <= 1e-6, worst
+
+
+def test_checkpointing_composes_with_compile():
+    """torch.compile (AOT autograd through the aot_eager backend: no C++ compiler) traces the non-reentrant
+    checkpoints; gradients equal the eager model's."""
+    torch.manual_seed(0)
+    eager = UNet(base_channels=4, depth=2, checkpointing=True)
+    model = UNet(base_channels=4, depth=2, checkpointing=True)
+    model.load_state_dict(eager.state_dict())
+    model.compile(backend="aot_eager", dynamic=True)
+    image, sizes = torch.randint(0, 256, (2, 3, 16, 24), dtype=torch.uint8), torch.tensor([[16, 24], [11, 17]])
+    try:
+        for module in (model, eager):
+            module(image, sizes).float().square().mean().backward()
+    finally:
+        torch._dynamo.reset()
+    assert max((a.grad - b.grad).abs().max().item() for a, b in zip(model.parameters(), eager.parameters())) <= 1e-6
+
+
+def test_checkpointing_lowers_the_measured_bytes_per_pixel():
+    model = UNet(base_channels=8, depth=5)
+    plain = probe_memory(model, _settings())
+    model.checkpointing = True
+    checkpointed = probe_memory(model, _settings())
+    assert checkpointed.checkpointing and checkpointed.bytes_per_pixel * 1.8 < plain.bytes_per_pixel
+
+
+def test_model_checkpointing_in_a_config_trains_and_a_model_without_it_is_refused(tmp_path, capsys):
+    cfg = tiny_config(tmp_path / "ck", epochs=1)
+    cfg["model"]["checkpointing"] = True
+    assert train(cfg)["epoch"] == 1
+    assert "in fp32, checkpointing" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="model.checkpointing: Conv2d has no checkpointing attribute"):
+        train_loop.set_checkpointing(torch.nn.Conv2d(3, 2, 1), True)
+
+
+# -- data.max_pixels: auto ------------------------------------------------------------------------------------------
+def _auto_config(run_dir, **train_keys):
+    cfg = tiny_config(run_dir, epochs=1, **train_keys)
+    cfg["data"]["batch_size"] = None
+    cfg["data"]["max_pixels"] = "auto"
+    return cfg
+
+
+def test_auto_budget_from_a_simulated_free_memory_drives_the_batches(tmp_path, monkeypatch, capsys):
+    """The probe and the free memory simulated: 2 KB a pixel, 30 MB fixed, 70 MB of RAM available -> half of it,
+    less the fixed part, over 2 KB: 2,500 px per batch (the scans here hold 240-1,344 px when padded)."""
+    memory = mem.StepMemory(2000.0, 30e6, "cpu", "fp32")
+    monkeypatch.setattr(train_loop, "probe_memory", lambda model, settings: memory)
+    monkeypatch.setattr(train_loop, "free_memory", lambda device: 70 * 10**6)
+    train(_auto_config(tmp_path / "run"))
+    out = capsys.readouterr().out
+    assert "srforge: memory: 2.00 KB per padded pixel in fp32, 0.03 GB fixed; 0.1 GB of RAM available on cpu; " in out
+    assert "budget 2,500 px (data.max_pixels: auto), the largest training scan 1,344 px" in out
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["max_pixels"] == 2500 and row["bytes_per_pixel"] == 2000.0 and row["out_of_memory"] == 0
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["data"]["max_pixels"] == "auto"
+
+
+def test_a_scan_that_cannot_fit_alone_is_named_before_training(tmp_path, monkeypatch):
+    """Room for 1,000 px: the scans of 1,232 px padded (16 x 77 true) cannot train, even alone."""
+    monkeypatch.setattr(train_loop, "probe_memory", lambda model, settings: mem.StepMemory(2000.0, 0.0, "cpu", "fp32"))
+    monkeypatch.setattr(train_loop, "free_memory", lambda device: 4 * 10**6)
+    with pytest.raises(ConfigError) as caught:
+        train(_auto_config(tmp_path / "run"))
+    message = str(caught.value)
+    assert "data.max_pixels: auto: " in message and "training scan(s) cannot train on cpu even alone" in message
+    assert "'strip_009'" in message and "16 x 83 px (1,344 px padded)" in message
+    for hint in ("model.checkpointing=true (measured: room for", "train.precision=bf16", "data.crop=[16, ", "smaller"):
+        assert hint in message, hint
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "last.pt").exists()
+
+
+AGREE = """
+import os, sys
+import torch
+import srforge.train.loop as loop
+from srforge.models import UNet
+from srforge.runtime.memory import StepMemory
+
+rank = int(os.environ["RANK"])
+# Rank 0 has 400 MB of RAM available, rank 1 only 240 MB: both must use rank 1's budget.
+loop.free_memory = lambda device: (400 if rank == 0 else 240) * 10**6
+loop.probe_memory = lambda model, settings: StepMemory(2000.0, 0.0, "cpu", "fp32")
+real_forward, hit = UNet.forward, []
+
+
+def forward(self, image, sizes=None):  # rank 1 runs out of memory once, on its first batch of several scans
+    if rank == 1 and torch.is_grad_enabled() and image.shape[0] > 1 and not hit:
+        hit.append(1)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
+    return real_forward(self, image, sizes)
+
+
+UNet.forward = forward
+from srforge.cli import main_train
+
+sys.exit(main_train())
+"""
+
+
+def test_two_ranks_agree_on_the_smallest_auto_budget_and_on_a_lowered_one(tmp_path):
+    """Under torchrun (gloo): each rank's auto budget differs, every rank uses the smallest (one all-reduce MIN);
+    rank 1 runs out of memory once, redoes its batch in parts, and both ranks lower the budget through the step's
+    one read, so their samplers cut the same batches in the next epoch (else the run would hang)."""
+    script = tmp_path / "train_two_budgets.py"
+    script.write_text(AGREE)
+    done = torchrun_two(
+        script,
+        "--config",
+        str(ROOT / "configs" / "custom_dataset.yaml"),
+        f"run.dir={tmp_path / 'ddp'}",
+        "data.dataset.args.n=12",
+        "data.batch_size=null",
+        "data.max_pixels=auto",
+        "model.base_channels=4",
+        "train.epochs=2",
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The two processes share the machine's RAM: 240 MB x 0.5 / 2 / 2,000 B = 30,000 px (rank 1's), not rank 0's
+    # 50,000.
+    assert "budget 30,000 px (data.max_pixels: auto)" in done.stdout
+    assert "srforge: out of memory (rank 1) at step " in done.stdout
+    rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert rows[0]["max_pixels"] < 30_000 and rows[0]["max_pixels"] == rows[1]["max_pixels"]
+    assert rows[0]["out_of_memory"] == 1
+
+
+# -- out of memory in a step ----------------------------------------------------------------------------------------
+def _strips_loader(n=3, batch_size=3):
+    """TinyStrips 0..n-1 (12 x 20, 13 x 27, 14 x 34, 15 x 41 px, ...) in batches padded to multiples of 4."""
+    view = FieldView(TinyStrips(n=n), FIELDS, num_classes=2)
+    return DataLoader(view, batch_size=batch_size, collate_fn=AlignedCollate(4, pad={"image": 0, "mask": 255}))
+
+
+def _one_epoch(model, loader, settings):
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    return train_epoch(model, loader, optimizer, scheduler, scaler, Progress(), settings)
+
+
+def _run_with(monkeypatch, fail, settings, n=3, batch_size=3):
+    """Weights after one SGD epoch of a fresh UNet, with ``fail(image, calls)`` deciding when forward raises."""
+    torch.manual_seed(0)
+    model = UNet(base_channels=4, depth=2)
+    real, calls = UNet.forward, []
+
+    def forward(self, image, sizes=None):
+        calls.append(image.shape[0])
+        if torch.is_grad_enabled() and fail(image, calls):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return real(self, image, sizes)
+
+    monkeypatch.setattr(UNet, "forward", forward)
+    totals, _, _ = _one_epoch(model, _strips_loader(n, batch_size), settings)
+    monkeypatch.setattr(UNet, "forward", real)
+    return model, calls, totals
+
+
+@pytest.mark.parametrize("dice", [0.0, 0.5])
+def test_an_out_of_memory_batch_is_redone_in_parts_to_the_same_weights(monkeypatch, capsys, dice):
+    plain, _, plain_totals = _run_with(monkeypatch, lambda image, calls: False, _settings(dice_weight=dice))
+    settings = _settings(dice_weight=dice)
+    once = lambda image, calls: image.shape[0] > 1 and len(calls) == 1  # noqa: E731
+    split, calls, totals = _run_with(monkeypatch, once, settings)
+    assert calls == [3, 1, 2]  # the whole batch failed; halves of 1 and 2 scans
+    worst = max((a - b).abs().max().item() for a, b in zip(plain.parameters(), split.parameters()))
+    if dice == 0.0:  # cross-entropy: the same update up to float rounding
+        assert worst <= 1e-6, worst
+        assert abs(float(totals[0]) - float(plain_totals[0])) < 1e-6
+    else:  # Dice is a ratio over the batch: the parts' Dice weighted by their valid pixels is close, not equal
+        assert worst < 0.05
+    assert settings.budget.pixels == 2 * 16 * 36 and settings.budget.events == 1  # the largest part that fit
+    out = capsys.readouterr().out
+    assert "out of memory at step 1 (epoch 1) on 1,728 px of a batch of 3 scans padded to 16 x 36" in out
+    assert "lowered from none (data.batch_size) to 1,152 px" in out
+
+
+def test_out_of_memory_in_backward_leaves_no_trace_in_the_gradients(monkeypatch):
+    """Two batches accumulated into one update; the second runs out of memory halfway through its backward (after
+    the head's and the decoder's gradients were added): the update equals the one without the failure."""
+    plain, _, _ = _run_with(monkeypatch, lambda image, calls: False, _settings(accumulate=2), n=4, batch_size=2)
+    torch.manual_seed(0)
+    model = UNet(base_channels=4, depth=2)
+    failed = []
+
+    def hook(module, inputs, output):
+        if output.requires_grad and not failed and model.calls == 2:  # the second batch, whole
+
+            def boom(grad):
+                failed.append(1)
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated, in backward)")
+
+            output.register_hook(boom)
+
+    model.calls = 0
+    model.register_forward_pre_hook(lambda module, args: setattr(module, "calls", module.calls + 1))
+    model.down[0].register_forward_hook(hook)
+    _one_epoch(model, _strips_loader(4, batch_size=2), _settings(accumulate=2))
+    assert failed == [1]
+    worst = max((a - b).abs().max().item() for a, b in zip(plain.parameters(), model.parameters()))
+    assert worst <= 1e-6, worst
+
+
+def test_a_scan_that_fails_alone_ends_the_run_naming_it(monkeypatch):
+    always = lambda image, calls: True  # noqa: E731
+    with pytest.raises(ScanTooLargeError, match=r"scan 'strip_000' \(12 x 20 px, padded to 16 x 36 = 576 px\)"):
+        _run_with(monkeypatch, always, _settings())
+
+
+def test_a_lowered_budget_splits_later_batches_without_trying_them_whole(monkeypatch):
+    settings = _settings(budget=Budget(pixels=900))  # 16 x 36 = 576 px a scan: one scan a part
+    _, calls, _ = _run_with(monkeypatch, lambda image, calls: False, settings)
+    assert calls == [1, 1, 1]
+
+
+def test_the_run_goes_on_after_an_out_of_memory_step(tmp_path, monkeypatch):
+    real, calls = UNet.forward, []
+
+    def forward(self, image, sizes=None):
+        if torch.is_grad_enabled() and image.shape[0] > 1:
+            calls.append(image.shape[0])
+            if len(calls) == 2:  # the second training batch
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(self, image, sizes)
+
+    monkeypatch.setattr(UNet, "forward", forward)
+    cfg = tiny_config(tmp_path / "run", epochs=2)
+    cfg["data"]["batch_size"], cfg["data"]["max_pixels"] = None, 3000
+    summary = train(cfg)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert summary["epoch"] == 2 and rows[0]["out_of_memory"] == 1 and rows[0]["max_pixels"] < 3000
+    assert np.isfinite(rows[-1]["train_loss"]) and rows[1]["max_pixels"] == rows[0]["max_pixels"]
+
+
+def test_resume_keeps_the_checkpoints_budgets(tmp_path, monkeypatch):
+    """A run whose budget was lowered resumes with it (exact resume needs the same batches), and auto budgets that
+    differ a little from start to start keep the saved one; a much smaller device lowers it."""
+    from srforge.train.state import resumed_budgets
+
+    ckpt = {"memory": {"sampler_max_pixels": 10_000, "step_max_pixels": 6_000}}
+    assert resumed_budgets(ckpt, 9_500) == (10_000, 6_000)  # within 10%: the saved budgets
+    assert resumed_budgets(ckpt, 5_000) == (5_000, 5_000)  # a smaller device
+    assert resumed_budgets(ckpt, None) == (None, 6_000)  # data.batch_size: parts of at most 6,000 px
+    assert resumed_budgets({}, 7_000) == (7_000, 7_000)  # a checkpoint from before the budgets
+    cfg = tiny_config(tmp_path / "run", epochs=2, stop_after=1)
+    cfg["data"]["batch_size"], cfg["data"]["max_pixels"] = None, 3000
+    train(cfg)
+    saved = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["memory"]
+    assert saved == {"sampler_max_pixels": 3000, "step_max_pixels": 3000}
+
+
+def test_config_accepts_auto_numbers_and_null_for_max_pixels_and_crops():
+    assert resolve({"data": {"batch_size": None, "max_pixels": "auto"}})["data"]["max_pixels"] == "auto"
+    with pytest.raises(ConfigError, match=r"data.max_pixels: expected an int >= 1, auto or null, found 'max'"):
+        resolve({"data": {"batch_size": None, "max_pixels": "max"}})
+    with pytest.raises(ConfigError, match=r"data.max_pixels: expected an integer >= 1 \(or auto\), found 0"):
+        resolve({"data": {"batch_size": None, "max_pixels": 0}})
+    assert resolve({"data": {"crop": [512, 4096]}})["data"]["crop"] == [512, 4096]
+    with pytest.raises(ConfigError, match=r"data.crop: expected an int >= 1 or \[H, W\] of them"):
+        resolve({"data": {"crop": [512]}})
+    with pytest.raises(ConfigError, match=r"train.accumulate: expected an integer >= 1, found 0"):
+        resolve({"train": {"accumulate": 0}})
+    welllog = resolve(yaml.safe_load((ROOT / "configs" / "welllog.yaml").read_text()))
+    assert welllog["data"]["max_pixels"] == "auto"
+
+
+def test_a_scan_too_large_mid_run_ends_it_naming_the_scan_with_last_pt_written(tmp_path, monkeypatch):
+    real = UNet.forward
+
+    def forward(self, image, sizes=None):
+        if torch.is_grad_enabled():
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(self, image, sizes)
+
+    monkeypatch.setattr(train_loop, "probe_memory", lambda model, settings: mem.StepMemory(500.0, 0.0, "cpu", "fp32"))
+    monkeypatch.setattr(UNet, "forward", forward)
+    named = r"scan 'strip_\d+' \(\d+ x \d+ px, padded to .* even as a batch of its own"
+    with pytest.raises(ScanTooLargeError, match=named) as caught:
+        train(tiny_config(tmp_path / "run", epochs=1))
+    wrote = f"Wrote {tmp_path / 'run' / 'last.pt'} at epoch 1, batch 0; once it fits, continue with --resume"
+    assert wrote in str(caught.value)
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["batches_done"] == 0
+
+
+def test_a_run_that_ran_out_of_memory_resumes_exactly(tmp_path, monkeypatch):
+    """Out of memory inside epoch 2 lowers the budget; a Ctrl-C at its fourth update writes last.pt; the resumed
+    run cuts epoch 2 as it was cut at its start (not by the lowered budget), splits its batches as the lowered
+    budget says, lowers the sampler's budget from epoch 3 on, and ends with the straight run's bits."""
+    import srforge.train.step as trainer
+
+    real_forward, real_finish = UNet.forward, trainer.finish_update
+
+    def run(name, interrupt):
+        armed = []
+
+        def forward(self, image, sizes=None):
+            if torch.is_grad_enabled() and image.shape[0] > 1 and armed == [1]:
+                armed.append(2)  # once
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return real_forward(self, image, sizes)
+
+        def finish(pass_, update):
+            if pass_.epoch == 1 and not armed:
+                armed.append(1)  # the next batch of several scans runs out of memory
+            if interrupt and pass_.epoch == 1 and pass_.progress.batches_done == 3:
+                raise KeyboardInterrupt
+            real_finish(pass_, update)
+
+        monkeypatch.setattr(UNet, "forward", forward)
+        monkeypatch.setattr(trainer, "finish_update", finish)
+        cfg = tiny_config(tmp_path / name, epochs=3)
+        cfg["data"]["batch_size"], cfg["data"]["max_pixels"] = None, 3000
+        try:
+            train(cfg)
+        finally:
+            monkeypatch.setattr(UNet, "forward", real_forward)
+            monkeypatch.setattr(trainer, "finish_update", real_finish)
+        return cfg
+
+    run("straight", interrupt=False)
+    with pytest.raises(KeyboardInterrupt):
+        run("cut", interrupt=True)
+    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert (saved["epoch"], saved["batches_done"]) == (1, 3)
+    assert saved["memory"]["step_max_pixels"] < saved["memory"]["sampler_max_pixels"] == 3000
+    cfg = tiny_config(tmp_path / "cut", epochs=3)
+    cfg["data"]["batch_size"], cfg["data"]["max_pixels"] = None, 3000
+    train(cfg, resume=tmp_path / "cut")
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert a["step"] == b["step"] and a["memory"] == b["memory"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
