@@ -165,10 +165,11 @@ def compare(args: argparse.Namespace) -> None:
     for spec in args.model:
         for norm in ["own"] if spec == "unet" else args.norm:
             model = build_model(spec, norm, args)
+            invariance = batch_invariance(model)  # as built: the timed steps below move BatchNorm's running stats
             sizes = list(zip(spread(*args.heights, args.batch), spread(*args.widths, args.batch)))
             image, true_sizes = padded_batch(sizes, model.in_channels, model.size_divisor)
             rows.append({"model": spec, "norm": norm, "module": model, "image": image.to(DEVICE),
-                         "sizes": true_sizes.to(DEVICE), "seconds": []})  # fmt: skip
+                         "sizes": true_sizes.to(DEVICE), "seconds": [], "batch_invariance": invariance})  # fmt: skip
     for row in rows:  # warm-up, then interleaved timing so that load from other processes hits every row alike
         row["module"].train()
         train_step(row["module"], row["image"], row["sizes"])
@@ -187,7 +188,6 @@ def compare(args: argparse.Namespace) -> None:
             step_seconds=statistics.median(row["seconds"]),
             step_seconds_min=min(row["seconds"]),
             saved_bytes_per_pixel=saved_bytes_per_pixel(model, image, row.pop("sizes")),
-            batch_invariance=batch_invariance(model),
         )
         print(
             f"{row['model']:36}{row['norm']:>8}{row['parameters'] / 1e6:10.2f}{row['size_divisor']:9d}"

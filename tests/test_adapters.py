@@ -17,7 +17,7 @@ from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
 from srforge.geometry import round_up
-from srforge.models.norms import NORM_OPTIONS, FrozenBatchNorm, MaskedNorm, apply_norm
+from srforge.models.norms import NORM_OPTIONS, FrozenBatchNorm, MaskedNorm, NormAct, apply_norm
 from srforge.models.smp import IMAGENET_MEAN, SmpModel, WeightsUnavailableError
 from srforge.models.tv_segmentation import TorchvisionModel
 
@@ -300,3 +300,60 @@ def test_masked_survives_a_deep_copy():
     assert twin.norm_context is not model.norm_context
     assert all(m.context is twin.norm_context for m in twin.modules() if isinstance(m, MaskedNorm))
     assert invariance(twin) < 1e-4
+
+
+@needs_smp
+def test_fused_norm_activation_layers_keep_their_activation():
+    """timm's BatchNormAct2d holds its activation inside: converting it must not drop the activation."""
+    torch.manual_seed(0)
+    model = SmpModel(encoder="tu-mobilenetv3_small_100", encoder_depth=3, decoder_channels=(32, 16, 8)).eval()
+    fused = sum(type(m).__name__ == "BatchNormAct2d" for m in model.modules())
+    image = torch.randint(0, 256, (1, 3, 32, 48), dtype=torch.uint8)
+    with torch.no_grad():
+        want = model(image)
+        apply_norm(model, "frozen")
+        assert torch.allclose(model(image), want, atol=1e-5)  # eval BatchNorm == frozen BatchNorm, activation kept
+    assert fused > 0 and count(model, BATCH_NORMS) == 0 and count(model, NormAct) == fused
+
+
+def test_masked_torchvision_model_leaks_only_at_the_far_edge():
+    """DeepLabV3 on MobileNetV3: ASPP's image pooling and the squeeze-excitation pools become masked means; only
+    the final bilinear upsampling still sees the padding, in the last s/2 pixels of the bottom and right edges."""
+    torch.manual_seed(0)
+    model = apply_norm(TorchvisionModel(name="deeplabv3_mobilenet_v3_large"), "masked").eval()
+    s, (h, w) = model.size_divisor, (64, 96)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randint(0, 256, (3, h, w), generator=gen, dtype=torch.uint8)
+    b = torch.randint(0, 256, (3, 128, 256), generator=gen, dtype=torch.uint8)
+    with torch.no_grad():
+        alone = model(*pad([a], s))[0, :, :h, :w]
+        batched = model(*pad([a, b], s))[0, :, :h, :w]
+    inside = (alone - batched)[:, : h - s // 2, : w - s // 2].abs().max()
+    assert inside < 1e-4, inside
+
+
+class TinyBatchNormModel(nn.Module):
+    """conv -> BatchNorm -> ReLU -> stride-2 max-pool -> conv head, upsampled: the layers apply_norm touches."""
+
+    size_divisor, in_channels, num_classes = 2, 3, 2
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.pool, self.head = nn.MaxPool2d(3, 2, 1), nn.Conv2d(8, 2, 3, padding=1)
+
+    def forward(self, image: torch.Tensor, sizes: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.head(self.pool(self.body(image.float() / 255)))
+        return nn.functional.interpolate(logits, scale_factor=2.0, mode="nearest")
+
+
+def test_masked_model_exports_to_onnx(tmp_path):
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    from srforge.export.onnx import check_onnx, export_onnx
+
+    torch.manual_seed(0)
+    model = apply_norm(TinyBatchNormModel(), "masked").eval()
+    assert model.padding_aware  # its forward takes sizes: the graph takes them too
+    path = export_onnx(model, tmp_path / "tiny.onnx")
+    assert check_onnx(model, path) < 1e-4

@@ -80,11 +80,17 @@ class NormContext:
         if self.sizes is None or x.ndim != 4 or x.shape[0] != self.sizes.shape[0]:
             return None
         h, w = x.shape[-2:]
-        if (h, w) not in self.masks:
-            extent = torch.tensor([self.height, self.width], device=self.sizes.device)
-            scaled = (self.sizes * torch.tensor([h, w], device=self.sizes.device) + extent - 1) // extent
-            self.masks[(h, w)] = valid_mask(scaled, h, w).float()
-        return self.masks[(h, w)]
+        # No cache while traced (torch.export, torch.compile): even looking symbolic sizes up in a dict made the
+        # ONNX export trace masked_group_norm through a decomposition ONNX cannot translate (prims.fma).
+        traced = torch.compiler.is_compiling() or isinstance(h, torch.SymInt) or isinstance(w, torch.SymInt)
+        if not traced and (h, w) in self.masks:
+            return self.masks[(h, w)]
+        extent = torch.tensor([self.height, self.width], device=self.sizes.device)
+        scaled = (self.sizes * torch.tensor([h, w], device=self.sizes.device) + extent - 1) // extent
+        mask = valid_mask(scaled, h, w).float()
+        if not traced:
+            self.masks[(h, w)] = mask
+        return mask
 
 
 class RecordSizes:
@@ -172,6 +178,33 @@ class FrozenBatchNorm(FrozenBatchNorm2d):
         return x * scale.view(shape) + shift.view(shape)
 
 
+class NormAct(nn.Module):
+    """A converted norm followed by the dropout and activation its original held inside itself, as timm's
+    BatchNormAct2d and GroupNormAct do (``x -> act(drop(norm(x)))``, their order): forward(x [B, C, ...]) -> same
+    shape. State_dict keys gain ``norm.`` (``bn1.norm.weight``)."""
+
+    def __init__(self, norm: nn.Module, drop: nn.Module, act: nn.Module):
+        super().__init__()
+        self.norm, self.drop, self.act = norm, drop, act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.drop(self.norm(x)))
+
+
+def keep_activation(old: nn.Module, new: nn.Module) -> nn.Module:
+    """``new`` itself when the norm ``old`` holds no submodule; NormAct(new, old.drop, old.act) for timm's fused
+    norm + activation layers; a ValueError for any other norm with submodules (its forward is unknown here)."""
+    children = dict(old.named_children())
+    if not children:
+        return new
+    if set(children) <= {"drop", "act"}:
+        return NormAct(new, children.get("drop", nn.Identity()), children.get("act", nn.Identity()))
+    raise ValueError(
+        f"apply_norm: {type(old).__module__}.{type(old).__qualname__} holds submodules {sorted(children)}, and how "
+        "its forward applies them is unknown; use model.norm: keep for this model"
+    )
+
+
 def copy_affine(source: nn.Module, target: nn.Module) -> nn.Module:
     """Copy ``source``'s affine weight and bias into ``target`` (when both have them); returns target."""
     if getattr(source, "weight", None) is not None and getattr(target, "weight", None) is not None:
@@ -252,6 +285,7 @@ def replace_modules(module: nn.Module, convert) -> int:
         if new is None:
             count += replace_modules(child, convert)
         else:
+            new = keep_activation(child, new)
             held = next(itertools.chain(child.parameters(), child.buffers()), None)
             setattr(module, name, new if held is None else new.to(held.device))
             count += 1
