@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from srforge.geometry import level_mask, round_up
-from srforge.models.unet import check_sizes, sizes_readable
+from srforge.models.unet import check_sizes, normalize_image, sizes_readable
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -100,16 +100,7 @@ def adapter_input(model: nn.Module, image: torch.Tensor, sizes: torch.Tensor | N
     uint8 zero normalised instead, the padding would be -mean / std, a dark frame the network would learn).
     """
     check_image(image, model.in_channels, model.size_divisor, type(model).__name__)
-    if image.dtype == torch.uint8:
-        x = image.to(model.mean.dtype) / 255.0
-    elif image.is_floating_point():
-        x = image.to(model.mean.dtype)
-    else:
-        raise TypeError(
-            f"{type(model).__name__} expects a uint8 or float image, got {image.dtype}; convert it to uint8 "
-            f"(0..255) or float (0..1) first"
-        )
-    x = (x - model.mean) / model.std
+    x = normalize_image(image, model.mean, model.std, type(model).__name__)
     if sizes is not None:
         check_sizes(sizes, image, read_values=sizes_readable(sizes))
         sizes = sizes.to(image.device, non_blocking=True)

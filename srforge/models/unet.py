@@ -107,6 +107,21 @@ class UpBlock(nn.Module):
         return self.conv(torch.cat((x, skip.to(x.dtype)), dim=1), mask)
 
 
+
+def normalize_image(image: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, owner: str) -> torch.Tensor:
+    """[B, C, H, W] uint8 (0..255) or float (0..1) -> float (x - mean) / std in ``mean``'s dtype; ``owner`` (the
+    model's class name) is named when the image is neither."""
+    if image.dtype == torch.uint8:
+        x = image.to(mean.dtype) / 255.0
+    elif image.is_floating_point():
+        x = image.to(mean.dtype)
+    else:
+        raise TypeError(
+            f"{owner} expects a uint8 or float image, got {image.dtype}; convert it to uint8 "
+            f"(0..255) or float (0..1) first"
+        )
+    return (x - mean) / std
+
 class UNet(nn.Module):
     """UNet: ``depth`` stride-2 encoder stages, as many transposed-conv decoder stages, skip connections.
 
@@ -181,16 +196,7 @@ class UNet(nn.Module):
 
     def normalize(self, image: torch.Tensor) -> torch.Tensor:
         """[B, C, H, W] uint8 (0..255) or float (0..1) -> float (x - mean) / std in the buffers' dtype."""
-        if image.dtype == torch.uint8:
-            x = image.to(self.mean.dtype) / 255.0
-        elif image.is_floating_point():
-            x = image.to(self.mean.dtype)
-        else:
-            raise TypeError(
-                f"UNet expects a uint8 or float image, got {image.dtype}; convert it to uint8 "
-                f"(0..255) or float (0..1) first"
-            )
-        return (x - self.mean) / self.std
+        return normalize_image(image, self.mean, self.std, "UNet")
 
     def forward(self, image: torch.Tensor, sizes: torch.Tensor | None = None) -> torch.Tensor:
         _check_input(image, self.in_channels, self.size_divisor)
