@@ -47,3 +47,20 @@ def rgb(h: int, w: int, seed: int = 0) -> np.ndarray:
 
 def labels(h: int, w: int, classes: int = 3, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, classes, (h, w), dtype=np.uint8)
+
+
+def scan_folder(root: Path, n: int = 8) -> Path:
+    """``n`` image/mask pairs of 18-22 x 24-59 px under ``root`` (deep enough for model.depth's default check)."""
+    for i in range(n):
+        h, w = 18 + i % 5, 24 + 5 * i
+        write(root / "images" / f"s{i}.png", rgb(h, w, i))
+        write(root / "masks" / f"s{i}.png", labels(h, w, 2, i))
+    return root
+
+
+def odd_scans(folder: Path) -> dict[str, tuple[int, int]]:
+    """Three RGB scans of sizes that are no multiple of 4, as PNG; {name: (H, W)}."""
+    sizes = {"a": (19, 30), "b": (22, 41), "c": (13, 9)}
+    for i, (name, (h, w)) in enumerate(sizes.items()):
+        write(folder / f"{name}.png", rgb(h, w, i))
+    return sizes

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import labels, rgb, write
+from helpers import odd_scans, rgb, scan_folder
 from PIL import Image
 from torch import nn
 
@@ -86,28 +86,11 @@ def _config_file(folder: Path, run_dir: Path, root: Path, **model) -> Path:
     return path
 
 
-def _dataset(root: Path, n: int = 8) -> Path:
-    """``n`` image/mask pairs of 18-22 x 24-59 px under ``root`` (deep enough for model.depth's default check)."""
-    for i in range(n):
-        h, w = 18 + i % 5, 24 + 5 * i
-        write(root / "images" / f"s{i}.png", rgb(h, w, i))
-        write(root / "masks" / f"s{i}.png", labels(h, w, 2, i))
-    return root
-
-
-def _scans(folder: Path) -> dict[str, tuple[int, int]]:
-    """Three RGB scans of sizes that are no multiple of 4, as PNG; {name: (H, W)}."""
-    sizes = {"a": (19, 30), "b": (22, 41), "c": (13, 9)}
-    for i, (name, (h, w)) in enumerate(sizes.items()):
-        write(folder / f"{name}.png", rgb(h, w, i))
-    return sizes
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A TinyNet run of 3 epochs straight, and one stopped after 1 epoch and resumed (--resume, its own config)."""
     tmp = tmp_path_factory.mktemp("any_model")
-    root = _dataset(tmp / "data")
+    root = scan_folder(tmp / "data")
     assert main_train(["--config", str(_config_file(tmp / "cfg_a", tmp / "straight", root))]) == 0
     stopped = _config_file(tmp / "cfg_b", tmp / "stopped", root)
     assert main_train(["--config", str(stopped), "train.stop_after=1"]) == 0
@@ -137,7 +120,7 @@ def test_a_resumed_run_of_any_model_ends_with_the_same_bits(runs):
 
 
 def test_predict_rebuilds_the_model_from_the_checkpoint_in_its_run_folder(runs, tmp_path):
-    sizes = _scans(tmp_path / "scans")
+    sizes = odd_scans(tmp_path / "scans")
     out = tmp_path / "out"
     args = ["--checkpoint", str(runs / "straight" / "best.pt"), "--input", str(tmp_path / "scans")]
     assert main_predict([*args, "--output", str(out), "--no-progress", "--workers", "0"]) == 0
@@ -168,7 +151,7 @@ def test_a_lone_checkpoint_naming_a_class_is_refused_unless_allowed(runs, tmp_pa
     lone = tmp_path / "lone" / "best.pt"
     lone.parent.mkdir()
     shutil.copy(runs / "straight" / "best.pt", lone)
-    sizes = _scans(tmp_path / "scans")
+    sizes = odd_scans(tmp_path / "scans")
     args = ["--checkpoint", str(lone), "--input", str(tmp_path / "scans"), "--no-progress", "--workers", "0"]
     assert main_predict([*args, "--output", str(tmp_path / "refused")]) == 2
     err = capsys.readouterr().err
@@ -193,7 +176,7 @@ def test_the_module_of_an_untrusted_class_is_never_imported(runs, tmp_path, caps
     torch.save(ckpt, folder / "best.pt")
     # the config.yaml beside it names another class: that allows only that one
     (folder / "config.yaml").write_text(yaml.safe_dump({"model": {"class": "test_any_model:TinyNet"}}))
-    _scans(tmp_path / "scans")
+    odd_scans(tmp_path / "scans")
     args = [
         "--checkpoint",
         str(folder / "best.pt"),
@@ -227,7 +210,7 @@ def test_resume_checks_the_model_class_of_the_embedded_config(runs, tmp_path, ca
 
 
 def test_a_class_that_is_no_module_is_refused_before_it_is_called(tmp_path, capsys):
-    root = _dataset(tmp_path / "data", n=4)
+    root = scan_folder(tmp_path / "data", n=4)
     config = _config_file(tmp_path, tmp_path / "run", root, **{"class": "test_any_model:NotAModule"})
     assert main_train(["--config", str(config)]) == 2
     err = capsys.readouterr().err
@@ -432,7 +415,7 @@ def test_a_checkpoint_written_before_model_class_still_predicts(tmp_path):
     save_checkpoint({**payload, "class_names": ["a", "b"]}, tmp_path / "old.pt")  # no model_class nor model_norm
     rebuilt = model_from_checkpoint(load_checkpoint(tmp_path / "old.pt"))
     assert type(rebuilt) is UNet and all(torch.equal(rebuilt.state_dict()[k], v) for k, v in unet.state_dict().items())
-    _scans(tmp_path / "scans")
+    odd_scans(tmp_path / "scans")
     args = [
         "--checkpoint",
         str(tmp_path / "old.pt"),
@@ -463,7 +446,7 @@ def test_the_default_model_is_srforge_unet_with_its_keys():
 def test_check_data_takes_the_divisor_from_the_configured_model(tmp_path, monkeypatch):
     from srforge.data import layout_plot
 
-    root = _dataset(tmp_path / "data", n=4)
+    root = scan_folder(tmp_path / "data", n=4)
     seen = []
     real = layout_plot.batch_layout
     monkeypatch.setattr(layout_plot, "batch_layout", lambda *a, **k: seen.append(k) or real(*a, **k))

@@ -3,7 +3,7 @@
     0    done
     1    the run itself went wrong: a non-finite loss, a full disk, a failed ONNX check (and predict's failed scans)
     2    the user's input: a bad config or argument, a missing or unusable file, bad data, a run folder that
-         holds another run or is in use by another process
+         holds another run or is in use by another process, an optional package the model or format needs
     3    stopped by the system, resumable: a DataLoader worker was killed (the out-of-memory killer, most
          often); last.pt holds the batch reached, and --resume RUN_DIR continues
     130  interrupted (Ctrl-C)

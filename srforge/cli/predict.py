@@ -187,7 +187,8 @@ def _predict(args) -> int:
 
     try:
         predictor, archive = _open(args)
-    except (FileNotFoundError, ValueError, RuntimeError, OutputError) as exc:  # DataError is a ValueError
+    except (FileNotFoundError, ValueError, RuntimeError, OutputError, ImportError) as exc:
+        # DataError is a ValueError; ImportError: the checkpoint's model needs an optional package (named)
         return fail(PROG, exc)
     if len(archive) == 0 and not archive.rejected:
         archive.close()

@@ -93,7 +93,7 @@ def main_train(argv=None) -> int:
     try:
         cfg, ckpt = _train_config(args.config, args.resume, args.overrides)
         check_before_training(cfg)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ImportError) as exc:
         return fail(PROG, exc)
     try:
         with terminate_as_interrupt():  # SIGTERM: last.pt at the batch reached, as for Ctrl-C
@@ -104,9 +104,11 @@ def main_train(argv=None) -> int:
         DiskFullError,
         FolderLockedError,
         ValueError,
+        ImportError,
         KeyboardInterrupt,
     ) as exc:
-        # ValueError: ConfigError (RunExistsError included), DataError, a mask value beyond model.num_classes
+        # ValueError: ConfigError (RunExistsError included), DataError, a mask value beyond model.num_classes;
+        # ImportError: a model or weights file that needs an optional package (the message names its extra)
         return fail(PROG, exc)
     if summary.get("val_iou") is not None:
         per_class = ", ".join(f"{n} {v:.4f}" for n, v in zip(summary["class_names"], summary["val_iou"]))
