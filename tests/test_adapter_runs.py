@@ -7,6 +7,7 @@ Random init, images of tens of pixels, nothing downloaded.
 """
 
 import importlib.util
+import json
 import sys
 import warnings
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 import yaml
 from helpers import odd_scans, scan_folder
 from PIL import Image
+from test_train import ROOT, torchrun_two
 
 from srforge.cli import main_export, main_predict, main_train
 from srforge.runtime.checkpoint import load_checkpoint
@@ -108,6 +110,21 @@ def test_an_adapter_exports_to_onnx_and_matches_onnxruntime(runs, tmp_path, caps
     printed = capsys.readouterr().out
     assert f"H and W multiples of {MODELS[name][1]}" in printed
     assert "onnxruntime vs PyTorch" in printed and out.is_file()
+
+
+def test_an_adapter_with_masked_norms_trains_under_torchrun(tmp_path):
+    if not HAS_SMP:
+        pytest.skip('needs pip install -e ".[smp]"')
+    root = scan_folder(tmp_path / "data", n=6)
+    config = _config_file(tmp_path / "cfg", tmp_path / "ddp", root, MODELS["smp_unet"][0])
+    done = torchrun_two(ROOT / "scripts" / "train.py", "--config", str(config), "data.batch_size=1", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    # only rank 0 writes, one row per epoch; both ranks take the same number of steps
+    assert [r["epoch"] for r in rows] == [1, 2] and rows[1]["step"] == 2 * rows[0]["step"] > 0
+    assert all(r["val_mean_iou"] is not None for r in rows)
+    ckpt = load_checkpoint(tmp_path / "ddp" / "last.pt")
+    assert ckpt["model_norm"] == "masked" and not any(k.startswith("module.") for k in ckpt["model"])
 
 
 def test_a_missing_optional_package_is_exit_2_naming_the_extra(tmp_path, monkeypatch, capsys):
