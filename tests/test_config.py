@@ -1,5 +1,6 @@
 """Config: defaults, overrides as YAML scalars, and errors that name the key path."""
 
+import re
 import time
 import tracemalloc
 from pathlib import Path
@@ -220,3 +221,23 @@ def test_log_every_and_dist_timeout_are_checked():
         resolve({"train": {"log_every": 0}})
     with pytest.raises(ConfigError, match=r"train.dist_timeout_s: expected a positive number of seconds, found 0"):
         resolve({"train": {"dist_timeout_s": 0}})
+
+
+def test_synthetic_scale_is_a_number_or_a_range():
+    assert resolve({}).data.synthetic.scale == 0.0625
+    assert resolve({}, ["data.synthetic.scale=[0.03, 0.0625]"]).data.synthetic.scale == [0.03, 0.0625]
+    assert resolve({"data": {"synthetic": {"scale": [0.05, 0.05]}}}).data.synthetic.scale == [0.05, 0.05]
+    expected = r"data.synthetic.scale: expected a positive number or \[lo, hi\] of them with lo <= hi"
+    for bad in (0, -1, [0.03], [0.03, 0.05, 0.1], [0, 0.05], ["a", 0.05], [True, 1]):
+        with pytest.raises(ConfigError, match=rf"{expected} \(e.g. \[0.03, 0.0625\]\), found {re.escape(repr(bad))}\."):
+            resolve({"data": {"synthetic": {"scale": bad}}})
+    with pytest.raises(
+        ConfigError, match=r"data.synthetic.scale: expected \[lo, hi\] with lo <= hi, found \[0.1, 0.05\]"
+    ):
+        resolve({}, ["data.synthetic.scale=[0.1, 0.05]"])
+    with pytest.raises(ConfigError, match=r"data.synthetic.scale: expected float or int or list, found str 'big'"):
+        resolve({}, ["data.synthetic.scale=big"])
+    with pytest.raises(ConfigError, match=r"YAML reads 3e-2 as text: write it with a dot \(3.0e-2\)"):
+        resolve({}, ["data.synthetic.scale=[3e-2, 5e-2]"])
+    with pytest.raises(ConfigError, match=r"data.synthetic.scale\[1\]: expected a finite number, found inf"):
+        resolve({"data": {"synthetic": {"scale": [0.03, float("inf")]}}})

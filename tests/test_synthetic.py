@@ -1,11 +1,17 @@
-"""Synthetic well-log scans: deterministic, in range, masks exact and aligned, readable as a folder."""
+"""Synthetic well-log scans: deterministic, in range, masks exact and aligned, readable as a folder; one scale for
+every scan or a range each scan draws its own from."""
+
+import hashlib
 
 import numpy as np
 import pytest
 
 from srforge.cli import main_make_synthetic
+from srforge.config import resolve
 from srforge.data.datasets import SegmentationFolder, check_folder
-from srforge.data.synthetic import make_welllog_scans, welllog_scan
+from srforge.data.synthetic import make_welllog_scans, scan_scale, welllog_scan
+from srforge.runtime.distributed import Processes
+from srforge.train.prepare import prepare_synthetic_data
 
 SMALL = 1 / 16
 
@@ -102,3 +108,95 @@ def test_only_missing_completes_a_set_cut_short(tmp_path):
     make_welllog_scans(cut, 4, scale=SMALL, workers=2, only_missing=True)
     assert missing_scans(cut, 4) == [] and _bytes(cut) == full
     assert (cut / "images" / "scan_00000.png").stat().st_mtime_ns == kept  # present scans are not rewritten
+
+
+# -- a range of scales: each scan its own ------------------------------------------------------------------
+RANGE = (0.02, 0.05)
+
+
+def test_scan_scale_is_log_uniform_in_the_range_and_depends_only_on_seed_and_index():
+    drawn = [scan_scale(i, 0, (0.02, 0.08)) for i in range(400)]
+    assert all(0.02 <= s <= 0.08 for s in drawn) and len(set(drawn)) == 400
+    assert 0.4 < np.mean(np.array(drawn) < 0.04) < 0.6  # log-uniform: half below the geometric mean
+    assert scan_scale(7, 3, [0.02, 0.08]) == scan_scale(7, 3, (0.02, 0.08)) != scan_scale(7, 4, (0.02, 0.08))
+    assert scan_scale(7, 3, (0.05, 0.05)) == 0.05
+    assert scan_scale(7, 3, 0.0625) == 0.0625 and scan_scale(7, 3, 1) == 1  # a number as it is
+
+
+def test_a_range_gives_each_scan_its_own_size_and_otherwise_the_same_scan():
+    scales = [scan_scale(i, 0, RANGE) for i in range(12)]
+    assert max(scales) / min(scales) > 2  # the draws span most of the 2.5x range
+    for i, scale in enumerate(scales):
+        image, mask = welllog_scan(i, scale=RANGE)
+        assert round(480 * RANGE[0]) <= round(480 * scale) <= mask.shape[0] <= round(640 * scale) <= 640 * RANGE[1]
+        assert image.shape == (*mask.shape, 3)
+        # The scale drawn is the only change: scan i at it is scan i at that one number.
+        at_number = welllog_scan(i, scale=scale)
+        assert np.array_equal(image, at_number[0]) and np.array_equal(mask, at_number[1])
+
+
+def test_a_range_does_not_depend_on_n_or_the_number_of_workers(tmp_path):
+    three = _bytes(make_welllog_scans(tmp_path / "three", 3, scale=RANGE, seed=4, workers=1)[0].parents[1])
+    five = _bytes(make_welllog_scans(tmp_path / "five", 5, scale=list(RANGE), seed=4, workers=2)[0].parents[1])
+    assert len(three) == 6 and len(five) == 10
+    assert all(five[name] == data for name, data in three.items())
+
+
+# sha256 of image then mask bytes, computed with the generator before scale ranges existed: a number, or a range
+# of one number, must keep giving these scans.
+BEFORE_RANGES = {
+    (0, 0, 0.0625, "binary"): "9bad72005d7b44258fa6a594e6af4f320ec8bfc290f0b174d511e898c9f5469f",
+    (1, 0, 0.0625, "binary"): "b564b955e62b99934f7edd1bd6d02a18900a29632f1a2e81a03eebded05e00e3",
+    (2, 7, 0.03125, "multiclass"): "81ec7203a6934b4122571140f6fbccc3cda867666e6eb2feb8dc8d5c8bc0708f",
+    (3, 1, 0.05, "binary"): "fa8966c950e03b34ec29022d3047fc44e5757d07654cc16ca973f0b671ab3257",
+}
+
+
+@pytest.mark.parametrize("index, seed, scale, classes", list(BEFORE_RANGES))
+def test_a_number_gives_the_scans_it_gave_before_ranges(index, seed, scale, classes):
+    for as_given in (scale, (scale, scale)):
+        image, mask = welllog_scan(index, seed=seed, scale=as_given, classes=classes)
+        digest = hashlib.sha256(image.tobytes())
+        digest.update(mask.tobytes())
+        assert digest.hexdigest() == BEFORE_RANGES[index, seed, scale, classes]
+
+
+def test_curves_are_drawn_in_every_scan_down_to_the_smallest_scale():
+    # From 0.04 on (heights >= 19 px) some track always has room for curves, drawn at least 1 px wide; below it
+    # four tracks of a 14-18 px scan can all be too thin, and such a scan has no curve.
+    for i in range(16):
+        assert (welllog_scan(i, scale=0.04)[1] > 0).any(), i
+        assert (welllog_scan(i, scale=(0.04, 0.06), classes="multiclass")[1] > 0).any(), i
+
+
+@pytest.mark.parametrize(
+    "scale, found",
+    [
+        (0, "found int 0"),
+        (-0.5, "found float -0.5"),
+        ((0.05, 0.02), "found lo 0.05 > hi 0.02; swap them"),
+        ((0.02, 0.03, 0.04), "found a tuple of 3"),
+        ([0.02], "found a list of 1"),
+        ((0.02, "0.05"), "not two positive numbers"),
+        ((0, 0.05), "not two positive numbers"),
+        ("0.05", "found str '0.05'"),
+    ],
+)
+def test_an_invalid_scale_is_a_value_error_naming_it(tmp_path, scale, found):
+    expected = r"scale: expected a positive number or a pair \(lo, hi\) of them with lo <= hi"
+    with pytest.raises(ValueError, match=expected) as raised:
+        welllog_scan(0, scale=scale)
+    assert found in str(raised.value)
+    with pytest.raises(ValueError, match=expected):
+        make_welllog_scans(tmp_path / "out", 0, scale=scale)  # even with nothing to write
+    assert not (tmp_path / "out").exists()
+
+
+def test_training_generates_a_range_from_the_config(tmp_path, capsys):
+    root = tmp_path / "scans"
+    cfg = resolve({}, [f"data.synthetic.root={root}", "data.synthetic.n=3", "data.synthetic.scale=[0.02, 0.03]"])
+    prepare_synthetic_data(cfg.data.synthetic, Processes())
+    assert f"generating 3 synthetic well-log scans into {root} (scale 0.02-0.03)" in capsys.readouterr().out
+    assert _bytes(root) == _bytes(
+        make_welllog_scans(tmp_path / "direct", 3, scale=(0.02, 0.03), workers=1)[0].parents[1]
+    )

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from srforge.config.errors import ConfigError
-from srforge.config.fields import Section, key, part
+from srforge.config.fields import Section, key, part, yaml11_float
 from srforge.constants import IGNORE_INDEX, PRECISIONS
 from srforge.limits import class_names_problem
 
@@ -83,6 +83,28 @@ def crop_size(value: Any, path: str) -> None:
         raise ConfigError(f"{path}: expected an int >= 1 or [H, W] of them (e.g. [512, 4096]), found {value!r}.")
 
 
+def scale_or_range(value: Any, path: str) -> None:
+    """A positive number, or [lo, hi] of them with lo <= hi (non-finite numbers are refused for every key)."""
+
+    def positive_number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+    if positive_number(value):
+        return
+    if isinstance(value, list) and len(value) == 2 and all(map(positive_number, value)):
+        if value[0] <= value[1]:
+            return
+        raise ConfigError(f"{path}: expected [lo, hi] with lo <= hi, found {value!r}; swap them.")
+    # PyYAML (YAML 1.1) reads 3e-2 as text; fields.yaml11_float converts a key's own value, not a list's items.
+    items = value if isinstance(value, list) else []
+    texts = [v for v in items if isinstance(v, str) and isinstance(yaml11_float(v, (float,)), float)]
+    hint = f" YAML reads {texts[0]} as text: write it with a dot (3.0e-2) or in full (0.03)." if texts else ""
+    raise ConfigError(
+        f"{path}: expected a positive number or [lo, hi] of them with lo <= hi (e.g. [0.03, 0.0625]), "
+        f"found {value!r}.{hint}"
+    )
+
+
 # -- the sections ------------------------------------------------------------------------------------------
 class RunSection(Section, path="run"):
     dir: str = key("runs/quickstart", "the run folder: checkpoints, metrics.jsonl, config.yaml")
@@ -113,7 +135,13 @@ class ValDatasetSection(Section, path="data.val_dataset"):
 class SyntheticSection(Section, path="data.synthetic"):
     root: str | None = key(None, "generate synthetic well-log scans into this folder when any is missing; null: none")
     n: int = key(48, "how many scans to generate")
-    scale: float | int = key(0.0625, "scan size relative to a full-size well log (3,200-12,800 x 480-640 px)")
+    scale: float | int | list = key(
+        0.0625,
+        "scan size relative to a full-size well log (3,200-12,800 x 480-640 px); [lo, hi]: each scan its own, "
+        "drawn log-uniformly from the range (scan i's depends only on (seed, i)), as an archive scanned at "
+        "several resolutions",
+        rule=scale_or_range,
+    )
     classes: str = key(
         "binary",
         "binary (curve, background) or multiclass (one class per curve style)",

@@ -4,15 +4,19 @@ A scan is paper (tone + grain) with depth running along the width: a depth grid 
 line, depth labels), horizontal tracks with borders, scale lines and a name, and in each track 1-4
 curves, 1-3 px wide, drawn solid, dashed or dotted, with gaps and the odd crossing. A slight skew is
 applied to image and mask alike, then only the image is blurred. At scale=1 widths are 3,200-12,800 px
-and heights 480-640 px; ``scale`` shrinks every length but keeps curves at least 1 px wide.
+and heights 480-640 px; ``scale`` shrinks every length but keeps curves at least 1 px wide. ``scale`` is one
+number for every scan, or a range (lo, hi) that gives each scan its own, as an archive scanned at several
+resolutions has (:func:`scan_scale`).
 
 Scan i depends only on (seed, i), never on n, so growing a set keeps its first scans.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ProcessPoolExecutor
+from numbers import Real
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +28,48 @@ STYLES = ("solid", "dashed", "dotted")  # multiclass mask value = position + 1
 CLASSES = {"binary": ("background", "curve"), "multiclass": ("background",) + STYLES}
 _TRACK_NAMES = ("GR", "SP", "CALI", "ILD", "ILM", "SFL", "RHOB", "NPHI", "DT", "PEF")
 _INKS = ((20, 20, 25), (25, 35, 120), (140, 25, 30), (30, 90, 40))
+# Mixed into a scan's seed for the stream its scale is drawn from, apart from the stream that draws the scan,
+# so that a scale range leaves every other draw of scan i as it is at one scale.
+_SCALE_STREAM = 0x5CA1E
+
+Scale = float | tuple[float, float]  # one scale for every scan, or a range (lo, hi) each scan's scale is drawn from
+
+
+def _positive_number(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _scale_range(scale) -> tuple[float, float]:
+    """``scale`` checked, as (lo, hi): (s, s) for a number s. Raises ValueError naming ``scale`` unless it is a
+    positive number or a pair (lo, hi) (tuple or list) of them with lo <= hi."""
+    if _positive_number(scale):
+        return scale, scale
+    expected = "a positive number or a pair (lo, hi) of them with lo <= hi, e.g. (0.03, 0.0625)"
+    if not isinstance(scale, (tuple, list)):
+        raise ValueError(f"scale: expected {expected}, found {type(scale).__name__} {scale!r}")
+    if len(scale) != 2:
+        raise ValueError(f"scale: expected {expected}, found a {type(scale).__name__} of {len(scale)}: {scale!r}")
+    if not all(_positive_number(v) for v in scale):
+        raise ValueError(f"scale: expected {expected}, found {scale!r}, not two positive numbers")
+    lo, hi = scale
+    if lo > hi:
+        raise ValueError(f"scale: expected {expected}, found lo {lo} > hi {hi}; swap them")
+    return lo, hi
+
+
+def scan_scale(index: int, seed: int, scale: Scale) -> float:
+    """The scale scan ``index`` of the set ``seed`` is drawn at.
+
+    A number is returned as it is. For a range (lo, hi) the scale is drawn log-uniformly in [lo, hi] (as many
+    scans between 0.025 and 0.05 as between 0.05 and 0.1), from a generator seeded by (seed, index) alone: it
+    does not depend on n, the worker count or other scans. lo == hi gives lo. ``scale`` that is neither a positive
+    number nor a pair (lo, hi) (tuple or list) of them with lo <= hi is a ValueError naming it.
+    """
+    lo, hi = _scale_range(scale)
+    if not isinstance(scale, (tuple, list)):
+        return scale
+    u = np.random.default_rng([seed, index, _SCALE_STREAM]).random()
+    return float(min(hi, lo * (hi / lo) ** u))  # min: rounding must not take u < 1 past hi
 
 
 def _length(value: float, scale: float, minimum: int = 1) -> int:
@@ -147,13 +193,16 @@ def _skew_and_blur(rng, rgb: Image.Image, mask: np.ndarray, paper: np.ndarray, s
 
 
 def welllog_scan(
-    index: int, seed: int = 0, scale: float = 1.0, classes: str = "binary"
+    index: int, seed: int = 0, scale: Scale = 1.0, classes: str = "binary"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One synthetic scan: image uint8 [H, W, 3] and mask uint8 [H, W] (0 background; 1 curve, or 1-3 by style)."""
+    """One synthetic scan: image uint8 [H, W, 3] and mask uint8 [H, W] (0 background; 1 curve, or 1-3 by style).
+
+    ``scale``: a number, or a range (lo, hi) that scan ``index`` draws its own from (:func:`scan_scale`); at the
+    scale drawn, the scan is the one that number would give.
+    """
     if classes not in CLASSES:
         raise ValueError(f"classes must be one of {sorted(CLASSES)}, got {classes!r}")
-    if scale <= 0:
-        raise ValueError(f"scale must be positive, got {scale}")
+    scale = scan_scale(index, seed, scale)
     rng = np.random.default_rng([seed, index])
     h = _length(rng.integers(480, 641), scale, minimum=8)
     w = _length(rng.integers(3200, 12801), scale, minimum=8)
@@ -186,7 +235,7 @@ def missing_scans(out_dir, n: int) -> list[int]:
     return [i for i in range(n) if not all((out / sub / scan_name(i)).is_file() for sub in ("images", "masks"))]
 
 
-def _write_scan(out: Path, index: int, scale: float, seed: int, classes: str) -> Path:
+def _write_scan(out: Path, index: int, scale: Scale, seed: int, classes: str) -> Path:
     image, mask = welllog_scan(index, seed=seed, scale=scale, classes=classes)
     _save_atomic(mask, out / "masks" / scan_name(index))
     _save_atomic(image, out / "images" / scan_name(index))
@@ -196,7 +245,7 @@ def _write_scan(out: Path, index: int, scale: float, seed: int, classes: str) ->
 def make_welllog_scans(
     out_dir,
     n: int,
-    scale: float = 1.0,
+    scale: Scale = 1.0,
     seed: int = 0,
     classes: str = "binary",
     workers: int | None = None,
@@ -204,13 +253,15 @@ def make_welllog_scans(
 ) -> list[Path]:
     """Write n scans as out_dir/images/scan_XXXXX.png and out_dir/masks/scan_XXXXX.png; return the image paths.
 
-    The folder is what SegmentationFolder(out_dir) reads; mask values follow ``CLASSES[classes]``.
+    The folder is what SegmentationFolder(out_dir) reads; mask values follow ``CLASSES[classes]``. ``scale``: a
+    number for every scan, or a range (lo, hi) (tuple or list) each scan draws its own from (:func:`scan_scale`).
     ``workers`` processes write scans in parallel (default: one per CPU); the bytes written do not depend on it,
     since scan i depends only on (seed, i). ``only_missing`` writes only the scans :func:`missing_scans` names,
     so that a generation cut short (or run by several processes at once) completes the same set.
     """
     if classes not in CLASSES:
         raise ValueError(f"classes must be one of {sorted(CLASSES)}, got {classes!r}")
+    _scale_range(scale)  # here, not first in a worker, and also when no scan is missing
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     (out / "masks").mkdir(parents=True, exist_ok=True)

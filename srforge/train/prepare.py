@@ -209,11 +209,15 @@ def prepare_synthetic_data(synthetic: SyntheticSection, processes: Processes, po
     if not generator.missing_scans(root, synthetic["n"]):
         return
     if processes.local_rank == 0:
-        print(f"srforge: generating {synthetic['n']} synthetic well-log scans into {root} (scale {synthetic['scale']})")
+        scale = synthetic["scale"]
+        if isinstance(scale, list):  # YAML's [lo, hi]: each scan draws its own scale from the range
+            scale = tuple(scale)
+        shown = f"{scale[0]:g}-{scale[1]:g}" if isinstance(scale, tuple) else scale
+        print(f"srforge: generating {synthetic['n']} synthetic well-log scans into {root} (scale {shown})")
         generator.make_welllog_scans(
             root,
             synthetic["n"],
-            scale=synthetic["scale"],
+            scale=scale,
             seed=synthetic["seed"],
             classes=synthetic["classes"],
             workers=None,
