@@ -116,6 +116,23 @@ def test_resume_after_an_interrupt_mid_epoch_is_exact_too(tmp_path, monkeypatch)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_exact_resume_with_rescaled_scans_is_bit_identical_too(tmp_path):
+    """data.augment.scale: factors per (seed, epoch, sample) and batches by each epoch's sizes resume exactly."""
+
+    def rescaled(run_dir, **options):
+        cfg = tiny_config(run_dir, **options)
+        return resolve({**cfg, "data": {**cfg["data"], "augment": {"hflip": 0.5, "scale": [0.7, 1.4]}}})
+
+    train(rescaled(tmp_path / "straight"))
+    train(rescaled(tmp_path / "stopped", stop_after=2))
+    train(rescaled(tmp_path / "stopped"), resume=tmp_path / "stopped")
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "stopped" / "last.pt")
+    assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
 def test_non_finite_loss_names_the_step_and_samples(tmp_path):
     cfg = tiny_config(tmp_path / "nan", epochs=1)
     cfg["data"]["dataset"]["args"] = {"n": 10, "nan_at": 4, "float_images": True}

@@ -4,8 +4,9 @@ A user's Dataset may return an Entry or a dict, keep its image under ``scan`` an
 ``labels``, and know nothing of sizes. :class:`FieldView` renames the fields to srforge's ``image``,
 ``mask`` and ``name``, turns numpy arrays into tensors, applies per-sample augmentation with a random
 state that depends only on (seed, epoch, index) -- so a resumed run augments exactly as an unbroken one,
-in the main process or in any worker -- and gives every mask one dtype. A training view may also cut scans larger
-than ``data.crop`` to a random crop (:mod:`srforge.data.crop`), drawn the same way, before augmentation.
+in the main process or in any worker -- and gives every mask one dtype. A training view may also rescale scans by a
+factor drawn from ``data.augment.scale`` (:mod:`srforge.data.rescale`), then cut scans larger than ``data.crop`` to
+a random crop (:mod:`srforge.data.crop`), each drawn the same way, before augmentation.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from srforge.constants import IGNORE_INDEX
 from srforge.data.crop import random_crop, sample_seed
 from srforge.data.entry import Entry
 from srforge.data.images import DataError, invalid_mask_values
+from srforge.data.rescale import rescale, scale_factor
 
 CANONICAL = ("image", "mask", "name")
 
@@ -46,8 +48,13 @@ class FieldView(Dataset):
             ValueError naming the sample, instead of an index error deep inside the loss, and every mask is
             given :func:`mask_dtype` (uint8 for up to 255 classes), so batches of masks from mixed files collate.
 
+    ``scale`` (an attribute, None by default): (lo, hi), ``data.augment.scale``; every scan is rescaled by a factor
+    drawn log-uniformly from it per (seed, epoch, index) (:func:`srforge.data.rescale.scale_factor`), before the crop
+    (training only). A factor that leaves the size as it is (lo == hi == 1) returns the sample unchanged.
+
     ``crop`` (an attribute, None by default): (H, W) multiples of the model's size divisor; a scan larger in
-    either dimension is cut to a random crop of at most that size before augmentation (training only).
+    either dimension (after rescaling) is cut to a random crop of at most that size before augmentation (training
+    only).
     """
 
     def __init__(
@@ -71,6 +78,7 @@ class FieldView(Dataset):
         self.num_classes, self.ignore_index = num_classes, ignore_index
         self.mask_dtype = mask_dtype(num_classes, ignore_index) if num_classes is not None else None
         self.epoch = 0
+        self.scale: tuple[float, float] | None = None
         self.crop: tuple[int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
@@ -117,6 +125,11 @@ class FieldView(Dataset):
             mask = torch.as_tensor(entry["mask"])
             self._check_mask(mask, index, entry["name"])
             entry["mask"] = mask.to(self.mask_dtype)
+        if self.scale is not None:
+            # Before the crop: rescaling changes the resolution, and the crop then cuts the rescaled scan, so a crop
+            # of data.crop pixels covers more or less of the scan -- the sizes the sampler expects (epoch_sizes).
+            factor = scale_factor(self.seed, self.epoch, index, self.scale)
+            entry = rescale(entry, factor, self.ignore_index)
         if self.crop is not None:
             entry = random_crop(entry, self.crop, sample_seed(self.seed, self.epoch, index, "crop"))
         if self.augment is not None:

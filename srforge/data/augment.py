@@ -7,11 +7,17 @@
 Order: crop (only scans over the limit, to their own size clipped to the limit, so shapes stay
 natural), flips, affine, colour jitter, noise. Geometric steps move image and mask alike; the mask
 is resampled nearest and filled with ignore_index where the affine leaves no data, the image with 0.
+
+``scale: [lo, hi]`` (e.g. [0.5, 2.0]) rescales each training scan by a factor drawn from that range: the scan's size
+changes, so the sampler must know it, and the FieldView does it (:mod:`srforge.data.rescale`), before ``data.crop``
+and before these steps; :func:`build_augmentation` builds nothing for it. ``affine.scale`` is another thing: a
+RandomAffine zoom inside a scan whose size stays as it was.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 
 import torch
@@ -23,6 +29,7 @@ from srforge.data.transforms import DataTransform
 
 # Valid keys: top level, then each section's own.
 KEYS = {
+    "scale": None,
     "hflip": None,
     "vflip": None,
     "noise": None,
@@ -34,11 +41,15 @@ KEYS = {
 
 def check_recipe(recipe: Mapping, where: str = "data.augment") -> None:
     """Raise ValueError for the first key of ``recipe`` that is not in KEYS (naming the closest valid key), or a
-    section (affine, color_jitter, crop) that is not a mapping of its own keys. ``where`` is the recipe's config
-    path, which the messages name. The config's validation and :func:`build_augmentation` both call this."""
+    section (affine, color_jitter, crop) that is not a mapping of its own keys, or a ``scale`` that is not [lo, hi]
+    (:func:`scale_range`). ``where`` is the recipe's config path, which the messages name. The config's validation
+    and :func:`build_augmentation` both call this."""
     for name, value in recipe.items():
         if name not in KEYS:
             raise ValueError(_unknown(name, KEYS, where))
+        if name == "scale":
+            scale_range(value, f"{where}.scale")
+            continue
         valid = KEYS[name]
         if valid is None:
             continue
@@ -49,6 +60,22 @@ def check_recipe(recipe: Mapping, where: str = "data.augment") -> None:
         for inner in value:
             if inner not in valid:
                 raise ValueError(_unknown(inner, valid, f"{where}.{name}"))
+
+
+def scale_range(value, where: str = "data.augment.scale") -> tuple[float, float]:
+    """``data.augment.scale`` as (lo, hi): two positive, finite numbers with lo <= hi, else a ValueError naming
+    ``where`` with what was expected and what was found."""
+    numbers = (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+    )
+    if not numbers or not 0 < value[0] <= value[1]:
+        raise ValueError(
+            f"{where}: expected [lo, hi], two positive numbers with lo <= hi (e.g. [0.5, 2.0]: scans from half to "
+            f"twice their size), found {value!r}."
+        )
+    return float(value[0]), float(value[1])
 
 
 def _unknown(name: object, valid, where: str) -> str:
@@ -84,6 +111,7 @@ def build_augmentation(config: Mapping | None, ignore_index: int = IGNORE_INDEX)
     (:func:`check_recipe`).
 
     ``ignore_index`` fills the mask where an affine leaves no data (the trainer passes ``data.ignore_index``).
+    ``scale`` is checked but builds no step: the FieldView rescales (see the module docstring).
     """
     config = dict(config or {})
     check_recipe(config)

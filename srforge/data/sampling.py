@@ -7,7 +7,7 @@ Both work from a list of true sizes [(H, W), ...], which any Dataset may offer t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -124,6 +124,10 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
     ``jitter`` is that relative noise, added to the log of the in-band sort key each epoch: more jitter means
     more variety between epochs and more padding. benchmarks/bench_padding.py measures both trade-offs; the
     README's performance section has the figures.
+
+    ``epoch_sizes`` (epoch -> [(H, W), ...], one per index, e.g. training scans rescaled by ``data.augment.scale``):
+    sizes that change from epoch to epoch. Each epoch's batches are then grouped and cut by that epoch's sizes
+    instead of ``sizes`` (which still fixes the number of indices); the batches still depend only on (seed, epoch).
     """
 
     def __init__(  # noqa: PLR0913 (keyword-only options, like DataLoader's)
@@ -140,6 +144,7 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         pool_size: int = 4096,
         jitter: float = 0.02,
+        epoch_sizes: Callable[[int], Sequence[Sequence[int]]] | None = None,
     ):
         if (batch_size is None) == (max_pixels is None):
             raise ValueError("give exactly one of batch_size (scans per batch) or max_pixels (pixels per batch)")
@@ -153,6 +158,7 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         if len(self.sizes) == 0:
             raise ValueError("SizeGroupedBatchSampler got no sizes: the dataset is empty")
         self.aligned = aligned_sizes(self.sizes, divisor)
+        self.divisor, self.epoch_sizes = divisor, epoch_sizes
         self.batch_size, self.max_pixels = batch_size, max_pixels
         # Pools are whole batches in batch_size mode, so only the epoch's last batch can be short.
         step = batch_size or 1
@@ -174,19 +180,33 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
     def load_state_dict(self, state: dict) -> None:
         self.seed, self.epoch = int(state["seed"]), int(state["epoch"])
 
+    def epoch_aligned(self) -> np.ndarray:
+        """int64 [n, 2]: the aligned sizes this epoch's batches are grouped and cut by (``epoch_sizes`` of the
+        epoch when given, else the fixed ones)."""
+        if self.epoch_sizes is None:
+            return self.aligned
+        aligned = aligned_sizes(self.epoch_sizes(self.epoch), self.divisor)
+        if len(aligned) != len(self.sizes):
+            raise ValueError(
+                f"SizeGroupedBatchSampler: epoch_sizes({self.epoch}) gave {len(aligned)} sizes for "
+                f"{len(self.sizes)} indices; it must give one (H, W) per index, in the same order as sizes."
+            )
+        return aligned
+
     def _global_batches(self) -> list[np.ndarray]:
         """All batches of the epoch, before they are dealt to ranks."""
         n = len(self.sizes)
         rng = np.random.default_rng([self.seed, self.epoch]) if self.shuffle else None
         order = rng.permutation(n) if rng is not None else np.arange(n)
         step = self.batch_size or 1
+        aligned = self.epoch_aligned()
         # The band count only needs the rough number of scans per batch.
-        per_batch = self.batch_size or max(1, int(self.max_pixels // self.aligned.prod(axis=1).mean()))
+        per_batch = self.batch_size or max(1, int(self.max_pixels // aligned.prod(axis=1).mean()))
         batches = []
         for start in range(0, n, self.pool_size):
-            pool = _grouped_order(self.aligned, order[start : start + self.pool_size], per_batch, rng, self.jitter)
+            pool = _grouped_order(aligned, order[start : start + self.pool_size], per_batch, rng, self.jitter)
             if self.max_pixels is not None:
-                batches += _cut_by_pixels(pool, self.aligned, self.max_pixels)
+                batches += _cut_by_pixels(pool, aligned, self.max_pixels)
             else:
                 batches += [pool[i : i + step] for i in range(0, len(pool), step)]
         if self.drop_last and self.batch_size is not None and len(batches[-1]) < self.batch_size:
@@ -224,10 +244,18 @@ def train_val_indices(sizes, val_fraction: float | None, seed: int) -> tuple[lis
 
 
 def training_sampler(
-    sizes, *, divisor, seed: int, batch_size=None, max_pixels=None, **options
+    sizes, *, divisor, seed: int, batch_size=None, max_pixels=None, epoch_sizes=None, **options
 ) -> SizeGroupedBatchSampler:
     """The sampler the trainer draws its training batches from: size-grouped, shuffled by ``seed`` and epoch.
-    ``options`` (num_replicas, rank, pool_size, jitter) go to SizeGroupedBatchSampler."""
+    ``epoch_sizes`` (epoch -> the training scans' sizes in it, with ``data.augment.scale``) and ``options``
+    (num_replicas, rank, pool_size, jitter) go to SizeGroupedBatchSampler."""
     return SizeGroupedBatchSampler(
-        sizes, batch_size=batch_size, max_pixels=max_pixels, divisor=divisor, shuffle=True, seed=seed, **options
+        sizes,
+        batch_size=batch_size,
+        max_pixels=max_pixels,
+        divisor=divisor,
+        shuffle=True,
+        seed=seed,
+        epoch_sizes=epoch_sizes,
+        **options,
     )

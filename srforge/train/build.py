@@ -1,6 +1,7 @@
 """What a run is built from, each from its section of the config: device, data, model, optimization, batches.
 
-    data      -> datasets, split by size (train_val_indices), FieldViews with per-sample augmentation
+    data      -> datasets, split by size (train_val_indices), FieldViews with per-sample augmentation (and
+                 rescaling, data.augment.scale, on the training side)
     model     -> model.class (srforge's UNet by default) on the device, and the arguments that rebuild it
                  (checkpoints keep them), through the one builder srforge.models.build.create_model
     train     -> AdamW, warm-up + cosine LambdaLR, GradScaler (fp16); StepSettings for the step and evaluation
@@ -16,6 +17,7 @@ import inspect
 import json
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +27,9 @@ from torch.utils.data import DataLoader
 from srforge.config import ConfigError, import_object
 from srforge.config.schema import UNET_CLASS, UNET_CLASSES, UNET_KEYS, Config, DataSection, ModelSection
 from srforge.data.adapter import FieldView
-from srforge.data.augment import build_augmentation
+from srforge.data.augment import build_augmentation, scale_range
 from srforge.data.collate import AlignedCollate
+from srforge.data.rescale import epoch_sizes, scaled_size
 from srforge.data.sampling import SizeGroupedBatchSampler, train_val_indices, training_sampler
 from srforge.data.sizes import dataset_sizes
 from srforge.geometry import depth_problem
@@ -77,37 +80,52 @@ def _sizes(dataset, data: DataSection, key: str, cache: Path) -> list:
 
 @dataclass
 class Data:
-    """The training and validation sides: their views and their true sizes [(H, W), ...], index for index."""
+    """The training and validation sides: their views and their sizes [(H, W), ...], index for index.
+
+    ``train_sizes`` are the largest the training scans can be -- their true sizes, or with ``data.augment.scale``
+    those sizes rescaled by its upper bound -- so that memory planning allows for the largest scan any epoch draws;
+    ``train_true_sizes`` are the true sizes (None: ``train_sizes`` are), from which the sampler works out each
+    epoch's rescaled sizes (:func:`training_epoch_sizes`).
+    """
 
     train: FieldView
     val: FieldView
     train_sizes: list
     val_sizes: list
+    train_true_sizes: list | None = None
 
 
 def build_data(data: DataSection, *, num_classes: int, seed: int, run_dir: Path, depth: int | None = None) -> Data:
     """Both sides from the config's ``data`` section: a separate ``val_dataset``, or ``dataset`` split by size.
 
     Sizes are read once (file headers, or measured and cached in the run folder). Only the training side is
-    augmented; both check every mask against ``num_classes`` and the ignore index. A model ``depth`` whose
-    divisor outgrows every scan (:func:`srforge.geometry.depth_problem`) is a ConfigError before any model exists.
+    augmented, and rescaled by ``data.augment.scale`` (the view's ``scale``; the torchvision steps are built from
+    the rest of the recipe); both check every mask against ``num_classes`` and the ignore index. A model ``depth``
+    whose divisor outgrows every scan (:func:`srforge.geometry.depth_problem`) is a ConfigError before any model
+    exists.
     """
     dataset = _build(data.dataset, "data.dataset.class")
     sizes = _sizes(dataset, data, "dataset", run_dir / "sizes_cache.json")
     problem = depth_problem(sizes, depth) if depth is not None else None
     if problem:
         raise ConfigError(f"model.depth: {problem}")
-    augment = build_augmentation(data.augment, ignore_index=data.ignore_index) if data.augment else None
+    recipe = dict(data.augment or {})
+    scale = scale_range(recipe.pop("scale")) if "scale" in recipe else None
+    augment = build_augmentation(recipe, ignore_index=data.ignore_index) if recipe else None
     checks = {"num_classes": num_classes, "ignore_index": data.ignore_index}
     separate = data.val_dataset.class_ is not None
     train_idx, val_idx = train_val_indices(sizes, None if separate else data.val_fraction, seed)
     train = FieldView(dataset, data.fields, train_idx, augment=augment, seed=seed, **checks)
+    train.scale = scale
+    true = train.sizes_of(sizes)
+    # Rounding and the crop are monotonic, so no epoch's scan outgrows its size at the upper bound.
+    largest = true if scale is None else [scaled_size(size, scale[1]) for size in true]
     if separate:
         val_set = _build(data.val_dataset, "data.val_dataset.class")
         val_sizes = _sizes(val_set, data, "val_dataset", run_dir / "val_sizes_cache.json")
-        return Data(train, FieldView(val_set, data.fields, **checks), train.sizes_of(sizes), val_sizes)
+        return Data(train, FieldView(val_set, data.fields, **checks), largest, val_sizes, true)
     val = FieldView(dataset, data.fields, val_idx, **checks)
-    return Data(train, val, train.sizes_of(sizes), val.sizes_of(sizes))
+    return Data(train, val, largest, val.sizes_of(sizes), true)
 
 
 def model_kwargs(model_cfg: ModelSection) -> dict:
@@ -229,15 +247,37 @@ class Loaders:
         )
 
 
+def training_epoch_sizes(data: Data) -> Callable[[int], list] | None:
+    """epoch -> [(H, W), ...]: the sizes the training view gives its scans in that epoch -- rescaled with the view's
+    own seed, dataset indices and ``scale``, then cut to its ``crop`` (:func:`srforge.data.rescale.epoch_sizes`);
+    None when the view does not rescale (its sizes never change). The view's attributes are read at each call, so
+    the sampler and the view cannot disagree."""
+    view = data.train
+    if view.scale is None:
+        return None
+    true = data.train_sizes if data.train_true_sizes is None else data.train_true_sizes
+
+    def sizes_in(epoch: int) -> list:
+        return epoch_sizes(true, view.indices, view.seed, epoch, view.scale, view.crop)
+
+    return sizes_in
+
+
 def build_loaders(
     data_cfg: DataSection, data: Data, *, divisor: int, seed: int, processes: Processes, device: torch.device
 ) -> Loaders:
     """Batches of alike sizes padded to ``divisor`` (the model's) by AlignedCollate, masks with the ignore index;
-    the training batches dealt to ranks by :func:`srforge.data.sampling.training_sampler`."""
+    the training batches dealt to ranks by :func:`srforge.data.sampling.training_sampler`, grouped by each
+    epoch's sizes when the training view rescales (:func:`training_epoch_sizes`)."""
     collate = AlignedCollate(divisor, pad={"image": 0, "mask": data_cfg.ignore_index})
     grouping = {"batch_size": data_cfg.batch_size, "max_pixels": data_cfg.max_pixels, "divisor": divisor}
     sampler = training_sampler(
-        data.train_sizes, seed=seed, **grouping, num_replicas=processes.world, rank=processes.rank
+        data.train_sizes,
+        seed=seed,
+        **grouping,
+        epoch_sizes=training_epoch_sizes(data),
+        num_replicas=processes.world,
+        rank=processes.rank,
     )
     val_batches = list(SizeGroupedBatchSampler(data.val_sizes, **grouping, shuffle=False))
     pin_memory = device.type == "cuda"
