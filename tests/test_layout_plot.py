@@ -144,12 +144,13 @@ def test_check_data_plot_reports_a_folder_it_cannot_batch(make_pair, tmp_path, c
     assert "cannot draw" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
 
 
-def test_check_data_plot_defaults_are_the_quickstart_trainer_settings(make_pair, tmp_path):
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
+def test_check_data_plot_with_a_config_draws_what_its_trainer_forms(make_pair, tmp_path):
+    config = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    cfg = load_config(config)
     root = tmp_path / "data"
     for i, (h, w) in enumerate(SIZES[:10]):
         make_pair(f"scan_{i}", rgb(h, w, i), labels(h, w, 2, i), root=root)
-    assert main_check_data([str(root), "--plot", str(tmp_path / "cli.png")]) == 0
+    assert main_check_data([str(root), "--config", str(config), "--plot", str(tmp_path / "cli.png")]) == 0
     data = cfg["data"]
     plot_batch_layout(
         SIZES[:10],

@@ -173,7 +173,9 @@ class DataSection(Section, path="data"):
     )
     num_workers: int = key(0, "DataLoader worker processes (0: load in the training process)", minimum=0)
     augment: dict = key(
-        {}, "per-scan augmentation: hflip, vflip, affine, color_jitter, noise, crop", rule=augment_recipe
+        {},
+        "per-scan augmentation: scale (rescaling, [lo, hi]), hflip, vflip, affine, color_jitter, noise, crop",
+        rule=augment_recipe,
     )
     ignore_index: int = key(
         IGNORE_INDEX, "the mask value no loss or metric counts (not a class id); padding is filled with it"
