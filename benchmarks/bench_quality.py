@@ -22,7 +22,8 @@ tasks, one table each, ``--seeds`` seeds (data, split and initialisation all cha
 (``data.synthetic.scale``) with the rescale augmentation (``data.augment.scale``), scored on held-out scans at
 0.5x, 1x and 2x the training resolution.
 
-    python benchmarks/bench_quality.py [--seeds 0 1] [--epochs 12] [--resolution] [--quick] [--out FILE.json]
+    python benchmarks/bench_quality.py [--seeds 0 1] [--epochs 12] [--tasks binary multiclass] [--recipes WORD ...]
+                                       [--resolution] [--quick] [--work DIR] [--out FILE.json]
 
 ``--quick`` is a smoke test (a few tiny scans, one epoch, one seed, the binary task): it checks that every recipe
 runs and is scored, not what the table says.
@@ -321,6 +322,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--epochs", type=int, default=12, help="epochs of whole scans; the others get equal pixels")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--recipes", nargs="+", default=None, help="only recipes whose name holds one of these words")
     parser.add_argument("--resolution", action="store_true", help="add the 0.5x / 1x / 2x resolution table")
     parser.add_argument("--quick", action="store_true", help="a smoke test: tiny scans, one epoch, one seed")
     parser.add_argument("--work", type=Path, default=None, help="folder for data and runs (default: a temporary one)")
@@ -340,6 +342,8 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 sets = make_sets(work, setting, task, seed)
                 for recipe in recipes(setting):
+                    if args.recipes and not any(word in recipe.name for word in args.recipes):
+                        continue
                     rows.append(run_recipe(recipe, setting, task, seed, sets, work))
                     print(json.dumps({k: rows[-1][k] for k in ("task", "seed", "recipe", "steps", "seconds")}))
             print_table(rows, task)

@@ -309,6 +309,7 @@ def test_ddp_survives_data_generation_longer_than_the_collective_timeout(tmp_pat
         "--config",
         str(ROOT / "configs" / "quickstart.yaml"),
         *_overrides(tmp_path, epochs=1),
+        "data.max_pixels=null",
         "data.batch_size=2",
         "train.dist_timeout_s=5",
         cwd=tmp_path,
