@@ -6,14 +6,16 @@ UNet, loss, optimizer, learning rate and augmentation) and changes only how the 
 - whole scans, size-grouped batches of 4, and of 2;
 - whole scans, the pixel budget of configs/quickstart.yaml (the default recipe);
 - whole scans one at a time (batch 1);
-- random fixed-size crops (``data.crop``), batches of 8, predicted whole and by srforge's tiling (tiles of the
-  crop's size);
-- every scan resized to one fixed size (image bilinear with antialias, mask nearest), predictions resized back.
+- random fixed-size crops (``data.crop``), batches of 8, predicted whole and by srforge's tiling with a budget
+  of the crop's pixel count (srforge picks the tile shape: full-height strips of at most that many pixels,
+  overlapping by 4 x the divisor);
+- every scan resized to one fixed size (image bilinear with antialias, mask nearest), class probabilities resized
+  back (bilinear) before the argmax.
 
 Each recipe sees the same number of real (unpadded) training pixels: ``--epochs`` epochs of the whole scans, and
 as many epochs of crops or resized scans as give that many pixels. Models are scored on held-out scans of another
-seed, predicted whole (last.pt; a 4-scan validation set of a third seed only picks nothing, it keeps the trainer's
-epoch-end report): foreground IoU (curve vs background, whatever the class), IoU per class, foreground IoU by
+seed, predicted whole (last.pt; a 4-scan validation set of a third seed, checked once after the last epoch, only
+keeps the trainer's report and chooses nothing): foreground IoU (curve vs background, whatever the class), IoU per class, foreground IoU by
 width third (the narrowest, middle and widest third of the held-out scans), optimizer steps, training seconds and
 padding waste (padded / real pixels - 1 of the training batches). Binary and multiclass (one class per curve style)
 tasks, one table each, ``--seeds`` seeds (data, split and initialisation all change with the seed).
@@ -70,7 +72,7 @@ class Setting:
     val_scans: int = 4
     epochs: int = 12
     crop: tuple[int, int] = (24, 128)  # multiples of the quickstart's divisor 8, inside every 1/16-scale scan
-    resize: tuple[int, int] = (32, 512)  # (H, W): the scans' mean height and width, aligned
+    resize: tuple[int, int] = (32, 512)  # (H, W): near the scans' mean height (35) and width (500), aligned
     crop_batch: int = 8
 
 
@@ -180,7 +182,7 @@ def training_waste(recipe: Recipe, cfg, sizes: list[tuple[int, int]], setting: S
 
 def predict_scores(ckpt: Path, folder: Path, num_classes: int, *, tile=None, resize=None) -> Score:
     """Score the model of ``ckpt`` on every scan of ``folder``: whole scans, or tiles of ``tile`` pixels at most,
-    or each scan resized to ``resize`` (H, W) and its class map resized back (nearest)."""
+    or each scan resized to ``resize`` (H, W) and its probabilities resized back (bilinear) before the argmax."""
     predictor = Predictor.from_checkpoint(ckpt, device="cpu", max_pixels=tile, max_batch=1)
     names = sorted(p.name for p in (folder / "images").glob("*.png"))
     widths = [scan_sizes_one(folder / "images" / n)[1] for n in names]
@@ -195,9 +197,11 @@ def predict_scores(ckpt: Path, folder: Path, num_classes: int, *, tile=None, res
             with Image.open(folder / "images" / name) as image:
                 small = image.convert("RGB").resize((resize[1], resize[0]), Image.BILINEAR)
             tensor = torch.from_numpy(np.asarray(small).copy()).permute(2, 0, 1).contiguous()
-            (predicted,) = predictor.predict([tensor])
-            back = Image.fromarray(predicted.numpy().astype(np.uint8)).resize(truth.shape[::-1], Image.NEAREST)
-            predicted = np.asarray(back)
+            (probabilities,) = predictor.probabilities([tensor])  # [K, h, w]
+            # probabilities back to the scan's size, bilinear, then the class map: a fairer return trip for thin
+            # curves than enlarging the class map itself
+            back = torch.nn.functional.interpolate(probabilities[None], size=truth.shape, mode="bilinear")
+            predicted = back[0].argmax(0).numpy().astype(np.uint8)
         score.add(truth, predicted, int(np.searchsorted(cuts, width, side="right")))
     return score
 
@@ -213,7 +217,7 @@ def make_sets(work: Path, setting: Setting, task: str, seed: int) -> dict[str, P
     sets["test"] = (setting.test_scans, 1000 + seed)
     folders = {}
     for part, (n, data_seed) in sets.items():
-        folder = work / f"{task}_{seed}" / part
+        folder = work / f"{task}_{seed}_scale{setting.scale:g}" / f"{part}_{n}"
         if not (folder / "masks").is_dir() or len(list((folder / "masks").glob("*.png"))) < n:
             make_welllog_scans(folder, n, scale=setting.scale, seed=data_seed, classes=task, workers=1)
         folders[part] = folder
@@ -225,7 +229,8 @@ def run_recipe(recipe: Recipe, setting: Setting, task: str, seed: int, sets: dic
     sizes = scan_sizes(sets["train"])
     train_root = sets["train"]
     if recipe.serves == "resize":
-        train_root = resized_copy(sets["train"], work / f"{task}_{seed}" / "train_resized", setting.resize)
+        resized = sets["train"].parent / f"{sets['train'].name}_resized_{setting.resize[0]}x{setting.resize[1]}"
+        train_root = resized_copy(sets["train"], resized, setting.resize)
     run_dir = work / "runs" / f"{task}_{seed}_{recipe.name.split()[0]}_{abs(hash(recipe.name)) % 10**6}"
     overrides = [
         f"run.dir={run_dir}",
@@ -238,6 +243,7 @@ def run_recipe(recipe: Recipe, setting: Setting, task: str, seed: int, sets: dic
         f"model.num_classes={len(TASKS[task])}",
         f"model.class_names={json.dumps(TASKS[task])}",
         f"train.epochs={epochs_for(recipe, setting, sizes)}",
+        f"train.val_every={epochs_for(recipe, setting, sizes)}",  # only after the last epoch: not timed per recipe
         *recipe.overrides,
     ]
     cfg = load_config(CONFIG, overrides)
@@ -260,7 +266,7 @@ def run_recipe(recipe: Recipe, setting: Setting, task: str, seed: int, sets: dic
 
 def resolution_rows(setting: Setting, seed: int, work: Path, scale_range: tuple[float, float]) -> list[dict]:
     """The default recipe trained on a resolution range with the rescale augmentation, scored at 0.5x, 1x, 2x."""
-    folder = work / f"resolution_{seed}"
+    folder = work / f"resolution_{seed}_scale{scale_range[0]:g}-{scale_range[1]:g}_n{setting.train_scans}"
     train_set = folder / "train"
     if not (train_set / "masks").is_dir():
         make_welllog_scans(train_set, setting.train_scans, scale=scale_range, seed=seed, workers=1)
@@ -275,13 +281,14 @@ def resolution_rows(setting: Setting, seed: int, work: Path, scale_range: tuple[
         "data.val_dataset.class=srforge.data.datasets:SegmentationFolder",
         f"data.val_dataset.args.root={val}",
         f"train.epochs={setting.epochs}",
+        f"train.val_every={setting.epochs}",
         "data.augment.scale=[0.5, 2.0]",
     ]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         train(load_config(CONFIG, overrides), overwrite=True)
     rows = []
     for factor in (0.5, 1.0, 2.0):
-        test = folder / f"test_{factor}"
+        test = folder / f"test_{factor}_n{setting.test_scans}"
         if not (test / "masks").is_dir():
             make_welllog_scans(test, setting.test_scans, scale=setting.scale * factor, seed=1000 + seed, workers=1)
         score = predict_scores(run_dir / "last.pt", test, 2)

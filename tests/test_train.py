@@ -72,16 +72,21 @@ def test_custom_dataset_in_one_line_trains_and_caches_sizes(tmp_path):
     assert ckpt["class_names"] == ["paper", "ink"] and ckpt["size_divisor"] == 4 and ckpt["epoch"] == 2
 
 
+def assert_same_end(straight: Path, resumed: Path, epochs: int = 4) -> dict:
+    """Both runs' last.pt at epoch ``epochs`` and the same step, with bit-identical weights; the first's content."""
+    a, b = load_checkpoint(straight / "last.pt"), load_checkpoint(resumed / "last.pt")
+    assert a["epoch"] == b["epoch"] == epochs and a["step"] == b["step"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    return a
+
+
 def test_exact_resume_gives_bit_identical_weights(tmp_path):
     train(tiny_config(tmp_path / "straight"))
     train(tiny_config(tmp_path / "stopped", stop_after=2))
     assert load_checkpoint(tmp_path / "stopped" / "last.pt")["epoch"] == 2
     train(tiny_config(tmp_path / "stopped"), resume=tmp_path / "stopped")
-    a = load_checkpoint(tmp_path / "straight" / "last.pt")
-    b = load_checkpoint(tmp_path / "stopped" / "last.pt")
-    assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"]
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
+    a = assert_same_end(tmp_path / "straight", tmp_path / "stopped")
     # ... and the test can fail: another seed gives other weights.
     train(
         resolve(
@@ -126,11 +131,7 @@ def test_exact_resume_with_rescaled_scans_is_bit_identical_too(tmp_path):
     train(rescaled(tmp_path / "straight"))
     train(rescaled(tmp_path / "stopped", stop_after=2))
     train(rescaled(tmp_path / "stopped"), resume=tmp_path / "stopped")
-    a = load_checkpoint(tmp_path / "straight" / "last.pt")
-    b = load_checkpoint(tmp_path / "stopped" / "last.pt")
-    assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"]
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert_same_end(tmp_path / "straight", tmp_path / "stopped")
 
 
 def test_non_finite_loss_names_the_step_and_samples(tmp_path):

@@ -61,7 +61,7 @@ def main_check_data(argv=None) -> int:
 
 
 def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
-    """check_data's --plot and the batching it draws; the defaults are the trainer's (configs/quickstart.yaml)."""
+    """check_data's --plot and the batching it draws; the defaults are the trainer's (srforge.config.schema; configs/quickstart.yaml differs: give --config)."""
     from srforge.config.schema import MAX_DEPTH, Config
 
     defaults = Config()
@@ -148,11 +148,12 @@ def _model_divisor(parser: argparse.ArgumentParser, cfg) -> int:
     """The size divisor of the model ``cfg`` configures, built on the CPU without its weights file."""
     import torch
 
+    from srforge.extras import MissingExtraError
     from srforge.train.build import build_model
 
     try:
         model, _ = build_model(cfg.model, torch.device("cpu"), channels_last=False, load_weights=False)
-    except (ImportError, ValueError) as exc:  # ConfigError is a ValueError
+    except (MissingExtraError, ValueError) as exc:  # ConfigError is a ValueError
         parser.error(f"--config: cannot build the model for its size divisor: {exc}")
     return model.size_divisor
 

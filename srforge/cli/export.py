@@ -42,6 +42,7 @@ def main_export(argv=None) -> int:
     from srforge.config import import_object
     from srforge.config.trust import check_checkpoint_model
     from srforge.export.onnx import EXTRA, TOLERANCE, OnnxCheckError, check_onnx, export_onnx, require, takes_sizes
+    from srforge.extras import MissingExtraError
     from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint
 
     parser = argparse.ArgumentParser(prog=PROG, description=main_export.__doc__)
@@ -57,7 +58,7 @@ def main_export(argv=None) -> int:
         resolve = functools.partial(import_object, key=f"{args.checkpoint}: model_class")
         model = model_from_checkpoint(ckpt, args.checkpoint, allowed=[path], resolve=resolve)
         require("onnx", "onnxscript")
-    except (ImportError, FileNotFoundError, ValueError) as exc:
+    except (MissingExtraError, FileNotFoundError, ValueError) as exc:
         return fail(PROG, exc)
     try:
         path = export_onnx(model, args.output, class_names=ckpt["class_names"], opset=args.opset)
@@ -73,7 +74,7 @@ def main_export(argv=None) -> int:
         return 0
     try:
         diff = check_onnx(model, path)
-    except ImportError:
+    except MissingExtraError:
         print(f"srforge-export: onnxruntime is not installed, so the export was not checked ({EXTRA})")
         return 0
     except OnnxCheckError as exc:

@@ -180,6 +180,7 @@ def main_predict(argv=None) -> int:
 
 
 def _predict(args) -> int:
+    from srforge.extras import MissingExtraError
     from srforge.locks import FolderLockedError
     from srforge.predict import OutputError, predict_archive
     from srforge.predict.background import default_workers
@@ -187,8 +188,8 @@ def _predict(args) -> int:
 
     try:
         predictor, archive = _open(args)
-    except (FileNotFoundError, ValueError, RuntimeError, OutputError, ImportError) as exc:
-        # DataError is a ValueError; ImportError: the checkpoint's model needs an optional package (named)
+    except (FileNotFoundError, ValueError, RuntimeError, OutputError, MissingExtraError) as exc:
+        # DataError is a ValueError; MissingExtraError: the checkpoint's model needs an optional package (named)
         return fail(PROG, exc)
     if len(archive) == 0 and not archive.rejected:
         archive.close()

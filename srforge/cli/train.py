@@ -66,6 +66,7 @@ def main_train(argv=None) -> int:
     from srforge.atomic import DiskFullError
     from srforge.config import ConfigError
     from srforge.config.preflight import check_before_training
+    from srforge.extras import MissingExtraError
     from srforge.locks import FolderLockedError
     from srforge.runtime.signals import terminate_as_interrupt
     from srforge.train.loop import train
@@ -93,7 +94,7 @@ def main_train(argv=None) -> int:
     try:
         cfg, ckpt = _train_config(args.config, args.resume, args.overrides)
         check_before_training(cfg)
-    except (ConfigError, FileNotFoundError, ValueError, ImportError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, MissingExtraError) as exc:
         return fail(PROG, exc)
     try:
         with terminate_as_interrupt():  # SIGTERM: last.pt at the batch reached, as for Ctrl-C
@@ -104,11 +105,11 @@ def main_train(argv=None) -> int:
         DiskFullError,
         FolderLockedError,
         ValueError,
-        ImportError,
+        MissingExtraError,
         KeyboardInterrupt,
     ) as exc:
         # ValueError: ConfigError (RunExistsError included), DataError, a mask value beyond model.num_classes;
-        # ImportError: a model or weights file that needs an optional package (the message names its extra)
+        # MissingExtraError: a model or weights file needs an optional package (the message names its extra)
         return fail(PROG, exc)
     if summary.get("val_iou") is not None:
         per_class = ", ".join(f"{n} {v:.4f}" for n, v in zip(summary["class_names"], summary["val_iou"]))

@@ -27,6 +27,7 @@ import torch
 
 from srforge.atomic import atomic_write
 from srforge.data.collate import AlignedCollate
+from srforge.extras import MissingExtraError
 from srforge.geometry import crop_to_sizes
 
 EXTRA = 'pip install -e ".[export]"'
@@ -48,7 +49,8 @@ class OnnxCheckError(RuntimeError):
 
 
 def require(*modules: str) -> None:
-    """Import each module or raise ImportError naming the missing one and the extra that installs it."""
+    """Import each module or raise MissingExtraError (an ImportError) naming the missing one and the extra that
+    installs it."""
     missing = []
     for name in modules:
         try:
@@ -56,7 +58,7 @@ def require(*modules: str) -> None:
         except ImportError:
             missing.append(name)
     if missing:
-        raise ImportError(
+        raise MissingExtraError(
             f"ONNX export needs {', '.join(missing)}, which is not installed: install the optional extra with "
             f"`{EXTRA}` (onnx, onnxscript and onnxruntime)."
         )

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import torch
 from torch import nn
 
+from srforge.extras import MissingExtraError
 from srforge.geometry import level_mask, round_up
 from srforge.models.unet import check_sizes, normalize_image, sizes_readable
 
@@ -44,9 +45,9 @@ def import_smp():
     try:
         import segmentation_models_pytorch
     except ImportError as exc:
-        raise ImportError(
-            "SmpModel needs segmentation-models-pytorch (with timm and safetensors), which is not installed: "
-            'pip install -e ".[smp]" (or pip install "segmentation-models-pytorch>=0.6" timm safetensors)'
+        raise MissingExtraError(
+            "SmpModel needs segmentation-models-pytorch (with timm and safetensors), which did not import "
+            f'({exc}): pip install -e ".[smp]" (or pip install "segmentation-models-pytorch>=0.6" timm safetensors)'
         ) from exc
     return segmentation_models_pytorch
 

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from srforge.extras import MissingExtraError
+
 SUFFIXES = (".pt", ".pth", ".safetensors")
 INTO = ("model", "encoder")
 SAFETENSORS_INSTALL = "pip install safetensors"
@@ -65,7 +67,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         try:
             from safetensors.torch import load_file
         except ImportError:
-            raise ImportError(
+            raise MissingExtraError(
                 f"model.weights: reading {path} needs the safetensors package, which is not installed: "
                 f"`{SAFETENSORS_INSTALL}`, or save the weights with torch.save(model.state_dict(), 'weights.pt')."
             ) from None

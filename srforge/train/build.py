@@ -255,7 +255,9 @@ def training_epoch_sizes(data: Data) -> Callable[[int], list] | None:
     view = data.train
     if view.scale is None:
         return None
-    true = data.train_sizes if data.train_true_sizes is None else data.train_true_sizes
+    if data.train_true_sizes is None:  # train_sizes may already be rescaled by hi and cropped: never guess
+        raise ValueError("training_epoch_sizes: a rescaling training view needs Data.train_true_sizes")
+    true = data.train_true_sizes
 
     def sizes_in(epoch: int) -> list:
         return epoch_sizes(true, view.indices, view.seed, epoch, view.scale, view.crop)
