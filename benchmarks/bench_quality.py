@@ -15,10 +15,11 @@ UNet, loss, optimizer, learning rate and augmentation) and changes only how the 
 Each recipe sees the same number of real (unpadded) training pixels: ``--epochs`` epochs of the whole scans, and
 as many epochs of crops or resized scans as give that many pixels. Models are scored on held-out scans of another
 seed, predicted whole (last.pt; a 4-scan validation set of a third seed, checked once after the last epoch, only
-keeps the trainer's report and chooses nothing): foreground IoU (curve vs background, whatever the class), IoU per class, foreground IoU by
-width third (the narrowest, middle and widest third of the held-out scans), optimizer steps, training seconds and
-padding waste (padded / real pixels - 1 of the training batches). Binary and multiclass (one class per curve style)
-tasks, one table each, ``--seeds`` seeds (data, split and initialisation all change with the seed).
+keeps the trainer's report and chooses nothing): foreground IoU (curve vs background, whatever the class), IoU per
+class, foreground IoU by width third (the narrowest, middle and widest third of the held-out scans), optimizer
+steps, training seconds and padding waste (padded / real pixels - 1 of the training batches). Binary and multiclass
+(one class per curve style) tasks, one table each, ``--seeds`` seeds (data, split and initialisation all change with
+the seed).
 
 ``--resolution`` adds the last table: the default recipe trained on scans of a resolution range
 (``data.synthetic.scale``) with the rescale augmentation (``data.augment.scale``), scored on held-out scans at

@@ -61,7 +61,8 @@ def main_check_data(argv=None) -> int:
 
 
 def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
-    """check_data's --plot and the batching it draws; the defaults are the trainer's (srforge.config.schema; configs/quickstart.yaml differs: give --config)."""
+    """check_data's --plot and the batching it draws; the defaults are the trainer's (srforge.config.schema;
+    configs/quickstart.yaml differs: give --config)."""
     from srforge.config.schema import MAX_DEPTH, Config
 
     defaults = Config()
