@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.entry import Entry  # noqa: E402
 from srforge.models import UNet  # noqa: E402
-from srforge.runtime.device import autocast  # noqa: E402
+from srforge.runtime.device import autocast, resolve_device  # noqa: E402
 from srforge.runtime.memory import AUTO_FRACTION, auto_budget, free_memory, planning_share  # noqa: E402
 from srforge.train.losses import segmentation_loss  # noqa: E402
 from srforge.train.step import Progress, StepSettings, probe_memory, train_epoch  # noqa: E402
@@ -202,12 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="benchmarks/results/bench_memory.json")
     parser.add_argument("--check", choices=("probe", "oom"), help="run one GPU check instead of the table")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        device = resolve_device(args.device)  # a CUDA device with its index, or a ValueError naming those there are
+    except ValueError as exc:
+        print(f"bench_memory: --device: {exc}", file=sys.stderr)
+        return 2
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            print("bench_memory: --device cuda, but no CUDA device is available", file=sys.stderr)
-            return 2
-        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
         torch.cuda.set_device(device)
     if args.check:
         if device.type != "cuda":

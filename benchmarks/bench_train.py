@@ -42,7 +42,7 @@ from srforge.data.datasets import SegmentationFolder  # noqa: E402
 from srforge.data.sampling import SizeGroupedBatchSampler  # noqa: E402
 from srforge.data.synthetic import make_welllog_scans  # noqa: E402
 from srforge.models import UNet  # noqa: E402
-from srforge.runtime.device import autocast  # noqa: E402
+from srforge.runtime.device import autocast, resolve_device  # noqa: E402
 from srforge.train.loop import train  # noqa: E402
 from srforge.train.losses import segmentation_loss  # noqa: E402
 
@@ -182,13 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-welllog", action="store_true", help="skip the welllog-budget step on CUDA")
     parser.add_argument("--out", default="benchmarks/results/bench_train.json")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        device = resolve_device(args.device)  # a CUDA device with its index, or a ValueError naming those there are
+    except ValueError as exc:
+        print(f"bench_train: --device: {exc}", file=sys.stderr)
+        return 2
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            print("bench_train: --device cuda, but no CUDA device is available", file=sys.stderr)
-            return 2
-        if device.index is None:  # set_device needs an index: "cuda" means the current device
-            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     torch.manual_seed(0)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
