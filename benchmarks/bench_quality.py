@@ -3,7 +3,7 @@
 Every recipe trains srforge's trainer from configs/quickstart.yaml (synthetic well-log scans at 1/16 scale, its
 UNet, loss, optimizer, learning rate and augmentation) and changes only how the training pixels are served:
 
-- whole scans, size-grouped batches of 4, and of 2;
+- whole scans, size-grouped batches of 4, and of 2 (only when ``--recipes`` names it, e.g. ``--recipes "of 2"``);
 - whole scans, the pixel budget of configs/quickstart.yaml (the default recipe);
 - whole scans one at a time (batch 1);
 - random fixed-size crops (``data.crop``), batches of 8, predicted whole and by srforge's tiling with a budget
@@ -21,9 +21,10 @@ steps, training seconds and padding waste (padded / real pixels - 1 of the train
 (one class per curve style) tasks, one table each, ``--seeds`` seeds (data, split and initialisation all change with
 the seed).
 
-``--resolution`` adds the last table: the default recipe trained on scans of a resolution range
-(``data.synthetic.scale``) with the rescale augmentation (``data.augment.scale``), scored on held-out scans at
-0.5x, 1x and 2x the training resolution.
+``--resolution`` adds the last table: binary models of the default recipe scored on held-out scans at 0.5x, 1x and
+2x the scans' scale, trained on a set that mixes resolutions from 0.5x to 2x (``data.synthetic.scale``), on 1x
+scans rescaled by ``data.augment.scale: [0.5, 2]``, and on 1x scans alone (the binary table's default run, or a run of
+its own with ``--recipes`` that leave it out).
 
     python benchmarks/bench_quality.py [--seeds 0 1] [--epochs 12] [--tasks binary multiclass] [--recipes WORD ...]
                                        [--resolution] [--quick] [--work DIR] [--out FILE.json]
@@ -38,7 +39,6 @@ import argparse
 import contextlib
 import io
 import json
-import math
 import sys
 import tempfile
 import time
@@ -60,6 +60,7 @@ from srforge.train.loop import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "quickstart.yaml"
+DEFAULT = "pixel budget (the default)"
 TASKS = {"binary": ["background", "curve"], "multiclass": ["background", "solid", "dashed", "dotted"]}
 
 
@@ -70,6 +71,8 @@ class Setting:
     scale: float = 0.0625
     train_scans: int = 40
     test_scans: int = 24
+    # per resolution, 24 a width third: with 8 a third the mixed model's thirds at 0.5x were 0.068 apart, with 24 0.014
+    resolution_test_scans: int = 72
     val_scans: int = 4
     epochs: int = 12
     crop: tuple[int, int] = (24, 128)  # multiples of the quickstart's divisor 8, inside every 1/16-scale scan
@@ -80,12 +83,14 @@ class Setting:
 @dataclass
 class Recipe:
     """How a recipe serves its pixels: config overrides, and which pixels one epoch holds ("whole", "crop",
-    "resize"); ``tiled``: also score the model by srforge's tiling with tiles of the crop's size."""
+    "resize"); ``tiled``: also score the model by srforge's tiling with tiles of the crop's size; ``optional``: run
+    only when ``--recipes`` names it (keeps the whole script under 20 minutes)."""
 
     name: str
     overrides: list[str]
     serves: str = "whole"
     tiled: bool = False
+    optional: bool = False
 
 
 @dataclass
@@ -125,9 +130,9 @@ def recipes(setting: Setting) -> list[Recipe]:
     """The recipes compared, the default (configs/quickstart.yaml as shipped) first."""
     ch, cw = setting.crop
     return [
-        Recipe("pixel budget (the default)", []),
+        Recipe(DEFAULT, []),
         Recipe("size-grouped batches of 4", ["data.max_pixels=null", "data.batch_size=4"]),
-        Recipe("size-grouped batches of 2", ["data.max_pixels=null", "data.batch_size=2"]),
+        Recipe("size-grouped batches of 2", ["data.max_pixels=null", "data.batch_size=2"], optional=True),
         Recipe("batch 1", ["data.max_pixels=null", "data.batch_size=1"]),
         Recipe(
             f"random {ch} x {cw} crops, batches of {setting.crop_batch}",
@@ -259,42 +264,87 @@ def run_recipe(recipe: Recipe, setting: Setting, task: str, seed: int, sets: dic
     if recipe.tiled:
         scores["tiled"] = predict_scores(run_dir / "last.pt", sets["test"], k, tile=setting.crop[0] * setting.crop[1])
     row = {"recipe": recipe.name, "task": task, "seed": seed, "epochs": cfg.train.epochs, "steps": rows[-1]["step"]}
+    row["checkpoint"] = run_dir / "last.pt"  # for the resolution table; not written to the JSON
     row |= {"seconds": round(seconds, 1), "waste": training_waste(recipe, cfg, sizes, setting)}
     for how, score in scores.items():
         row[how] = {"fg_iou": score.foreground_iou(), "class_iou": score.class_iou(), "thirds": score.third_iou()}
     return row
 
 
-def resolution_rows(setting: Setting, seed: int, work: Path, scale_range: tuple[float, float]) -> list[dict]:
-    """The default recipe trained on a resolution range with the rescale augmentation, scored at 0.5x, 1x, 2x."""
-    folder = work / f"resolution_{seed}_scale{scale_range[0]:g}-{scale_range[1]:g}_n{setting.train_scans}"
-    train_set = folder / "train"
-    if not (train_set / "masks").is_dir():
-        make_welllog_scans(train_set, setting.train_scans, scale=scale_range, seed=seed, workers=1)
-    val = make_sets(work, setting, "binary", seed)["val"]
-    run_dir = work / "runs" / f"resolution_{seed}"
-    overrides = [
-        f"run.dir={run_dir}",
-        f"run.seed={seed}",
-        "run.device=cpu",
-        "data.synthetic.root=null",
-        f"data.dataset.args.root={train_set}",
-        "data.val_dataset.class=srforge.data.datasets:SegmentationFolder",
-        f"data.val_dataset.args.root={val}",
-        f"train.epochs={setting.epochs}",
-        f"train.val_every={setting.epochs}",
-        "data.augment.scale=[0.5, 2.0]",
-    ]
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        train(load_config(CONFIG, overrides), overwrite=True)
+RESOLUTION_WAYS = {
+    "mixed": "a set of scans at 0.5x-2x (data.synthetic.scale: [lo, hi])",
+    "rescaled": "scans at 1x rescaled by data.augment.scale: [0.5, 2]",
+    "single": "scans at 1x only (the default recipe's binary run)",
+}
+
+
+def resolution_rows(setting: Setting, seed: int, work: Path, single: Path | None = None) -> list[dict]:
+    """Binary models of the default recipe that meet scans of other resolutions, scored on held-out scans at 0.5x,
+    1x and 2x ``setting.scale``: trained on a set that mixes resolutions from 0.5x to 2x (as an archive scanned at
+    several resolutions does), on 1x scans rescaled by ``data.augment.scale: [0.5, 2]``, and on 1x scans alone
+    (``single``: the binary table's default run, trained here when None). The first two see about 1.35x the pixels
+    of the third (a factor log-uniform in [0.5, 2] scales a scan's pixels by 1.35 on average)."""
+    binary = make_sets(work, setting, "binary", seed)
+    mixed = work / f"resolution_{seed}_scale{setting.scale / 2:g}-{setting.scale * 2:g}_n{setting.train_scans}"
+    make_welllog_scans(
+        mixed,
+        setting.train_scans,
+        scale=(setting.scale / 2, setting.scale * 2),
+        seed=seed,
+        workers=1,
+        only_missing=True,
+    )
+    ways = [("mixed", mixed, []), ("rescaled", binary["train"], ["data.augment.scale=[0.5, 2.0]"])]
+    if single is None:
+        ways.append(("single", binary["train"], []))
+    checkpoints = {}
+    for way, train_set, extra in ways:
+        run_dir = work / "runs" / f"resolution_{way}_{seed}"
+        overrides = [
+            f"run.dir={run_dir}",
+            f"run.seed={seed}",
+            "run.device=cpu",
+            "data.synthetic.root=null",
+            f"data.dataset.args.root={train_set}",
+            "data.val_dataset.class=srforge.data.datasets:SegmentationFolder",
+            f"data.val_dataset.args.root={binary['val']}",
+            f"train.epochs={setting.epochs}",
+            f"train.val_every={setting.epochs}",
+            *extra,
+        ]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            train(load_config(CONFIG, overrides), overwrite=True)
+        checkpoints[way] = run_dir / "last.pt"
+    checkpoints.setdefault("single", single)
     rows = []
     for factor in (0.5, 1.0, 2.0):
-        test = folder / f"test_{factor}_n{setting.test_scans}"
-        if not (test / "masks").is_dir():
-            make_welllog_scans(test, setting.test_scans, scale=setting.scale * factor, seed=1000 + seed, workers=1)
-        score = predict_scores(run_dir / "last.pt", test, 2)
-        rows.append({"seed": seed, "factor": factor, "fg_iou": score.foreground_iou(), "thirds": score.third_iou()})
+        n = setting.resolution_test_scans
+        test = work / f"resolution_test_{seed}_scale{setting.scale * factor:g}_n{n}"
+        make_welllog_scans(test, n, scale=setting.scale * factor, seed=1000 + seed, workers=1, only_missing=True)
+        for way, ckpt in checkpoints.items():
+            score = predict_scores(ckpt, test, 2)
+            rows.append(
+                {
+                    "seed": seed,
+                    "way": way,
+                    "factor": factor,
+                    "fg_iou": score.foreground_iou(),
+                    "thirds": score.third_iou(),
+                }
+            )
     return rows
+
+
+def print_resolution(rows: list[dict]) -> None:
+    """The resolution table: one row per training set and held-out resolution."""
+    print(f"\nresolution (binary, seeds {sorted({r['seed'] for r in rows})}):")
+    print("| trained on | held-out scans at | fg IoU | narrowest / middle / widest third |\n| --- | --- | --- | --- |")
+    for way in RESOLUTION_WAYS:
+        for factor in (0.5, 1.0, 2.0):
+            mine = [r for r in rows if r["way"] == way and r["factor"] == factor]
+            if mine:
+                thirds = " / ".join(f"{t:.3f}" for t in np.mean([r["thirds"] for r in mine], axis=0))
+                print(f"| {RESOLUTION_WAYS[way]} | {factor}x | {mean_sd([r['fg_iou'] for r in mine])} | {thirds} |")
 
 
 def mean_sd(values: list[float]) -> str:
@@ -340,7 +390,14 @@ def main(argv=None) -> int:
     setting = Setting(epochs=args.epochs)
     if args.quick:
         setting = Setting(
-            scale=0.04, train_scans=6, test_scans=3, val_scans=2, epochs=1, crop=(16, 64), resize=(24, 256)
+            scale=0.04,
+            train_scans=6,
+            test_scans=3,
+            resolution_test_scans=3,
+            val_scans=2,
+            epochs=1,
+            crop=(16, 64),
+            resize=(24, 256),
         )
         args.seeds, args.tasks = args.seeds[:1], ["binary"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -352,23 +409,19 @@ def main(argv=None) -> int:
                 for recipe in recipes(setting):
                     if args.recipes and not any(word in recipe.name for word in args.recipes):
                         continue
+                    if recipe.optional and not args.recipes:
+                        continue
                     rows.append(run_recipe(recipe, setting, task, seed, sets, work))
                     print(json.dumps({k: rows[-1][k] for k in ("task", "seed", "recipe", "steps", "seconds")}))
             print_table(rows, task)
         resolution = []
         if args.resolution:
-            span = (setting.scale / math.sqrt(2), setting.scale * math.sqrt(2))
             for seed in args.seeds:
-                resolution += resolution_rows(setting, seed, work, span)
-            print(f"\nresolution (trained on scales {span[0]:.4f}-{span[1]:.4f} with data.augment.scale [0.5, 2]):")
-            print("| held-out scans at | fg IoU | narrowest / middle / widest third |\n| --- | --- | --- |")
-            for factor in (0.5, 1.0, 2.0):
-                mine = [r for r in resolution if r["factor"] == factor]
-                thirds = np.mean([r["thirds"] for r in mine], axis=0)
-                print(
-                    f"| {factor}x | {mean_sd([r['fg_iou'] for r in mine])} | {' / '.join(f'{t:.3f}' for t in thirds)} |"
-                )
+                single = [r for r in rows if r["task"] == "binary" and r["seed"] == seed and r["recipe"] == DEFAULT]
+                resolution += resolution_rows(setting, seed, work, single[0]["checkpoint"] if single else None)
+            print_resolution(resolution)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{k: v for k, v in row.items() if k != "checkpoint"} for row in rows]
     args.out.write_text(json.dumps({"setting": setting.__dict__, "rows": rows, "resolution": resolution}, indent=1))
     print(f"wrote {args.out}")
     return 0

@@ -4,7 +4,8 @@ A scan is paper (tone + grain) with depth running along the width: a depth grid 
 line, depth labels), horizontal tracks with borders, scale lines and a name, and in each track 1-4
 curves, 1-3 px wide, drawn solid, dashed or dotted, with gaps and the odd crossing. A slight skew is
 applied to image and mask alike, then only the image is blurred. At scale=1 widths are 3,200-12,800 px
-and heights 480-640 px; ``scale`` shrinks every length but keeps curves at least 1 px wide. ``scale`` is one
+and heights 480-640 px; ``scale`` shrinks every length but keeps curves at least 1 px wide, dashes at least 6 px
+apart (3 inked) and dots 3 px apart (1 inked), so that the three styles stay apart at every scale. ``scale`` is one
 number for every scan, or a range (lo, hi) that gives each scan its own, as an archive scanned at several
 resolutions has (:func:`scan_scale`).
 
@@ -92,7 +93,10 @@ def _style_mask(rng, style: str, width: int, scale: float) -> np.ndarray:
     x = np.arange(width)
     if style == "solid":
         return np.ones(width, bool)
-    period = _length(rng.uniform(14, 24) if style == "dashed" else rng.uniform(4, 7), scale, minimum=3)
+    # Shrunk below a few pixels both patterns would round to the same one (one pixel in three): a dash keeps at
+    # least 6 px (3 inked), a dot 3 px (1 inked), so the styles stay distinguishable at every scale.
+    dashed = style == "dashed"
+    period = _length(rng.uniform(14, 24) if dashed else rng.uniform(4, 7), scale, minimum=6 if dashed else 3)
     on = max(1, int(period * (0.6 if style == "dashed" else 0.35)))
     return (x + rng.integers(period)) % period < on
 
