@@ -172,7 +172,7 @@ class UNet(nn.Module):
         if not 1 <= depth <= MAX_DEPTH:  # before any layer is allocated
             raise ValueError(
                 f"UNet depth must be 1 to {MAX_DEPTH} (size divisor 2**depth, at most {2**MAX_DEPTH:,} px, beyond "
-                f"any scan; each stage deeper doubles every scan's padding), got {depth}; the quickstart uses 5"
+                f"any scan; each stage deeper doubles every scan's padding), got {depth}; the quickstart uses 3"
             )
         self.in_channels, self.num_classes, self.depth = in_channels, num_classes, depth
         self.size_divisor = 2**depth
