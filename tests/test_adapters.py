@@ -17,8 +17,9 @@ from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
 from srforge.geometry import round_up
+from srforge.models.adapter import IMAGENET_MEAN, WeightsUnavailableError
 from srforge.models.norms import NORM_OPTIONS, FrozenBatchNorm, MaskedNorm, NormAct, apply_norm
-from srforge.models.smp import IMAGENET_MEAN, SmpModel, WeightsUnavailableError
+from srforge.models.smp import SmpModel
 from srforge.models.tv_segmentation import TorchvisionModel
 
 warnings.filterwarnings("ignore", message=".*deprecated.*")
@@ -171,7 +172,7 @@ def test_a_download_that_fails_during_the_build_is_one_clear_error(monkeypatch):
     import segmentation_models_pytorch.encoders as smp_encoders
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    import srforge.models.smp as adapter
+    import srforge.models.adapter as adapter
 
     def fail(*args, **kwargs):
         raise LocalEntryNotFoundError("An error happened while trying to locate the file on the Hub")
