@@ -192,7 +192,7 @@ def predict_scores(ckpt: Path, folder: Path, num_classes: int, *, tile=None, res
     or each scan resized to ``resize`` (H, W) and its probabilities resized back (bilinear) before the argmax."""
     predictor = Predictor.from_checkpoint(ckpt, device="cpu", max_pixels=tile, max_batch=1)
     names = sorted(p.name for p in (folder / "images").glob("*.png"))
-    widths = [scan_sizes_one(folder / "images" / n)[1] for n in names]
+    widths = [w for _, w in scan_sizes(folder)]  # in name order, as ``names``
     cuts = np.quantile(widths, [1 / 3, 2 / 3])
     score = Score(num_classes)
     for name, width in zip(names, widths):
@@ -213,20 +213,17 @@ def predict_scores(ckpt: Path, folder: Path, num_classes: int, *, tile=None, res
     return score
 
 
-def scan_sizes_one(path: Path) -> tuple[int, int]:
-    with Image.open(path) as image:
-        return image.height, image.width
-
-
 def make_sets(work: Path, setting: Setting, task: str, seed: int) -> dict[str, Path]:
     """Training, validation and held-out folders of ``task`` for ``seed`` (generated when missing)."""
-    sets = {"train": (setting.train_scans, seed), "val": (setting.val_scans, 500 + seed), "test": (0, 1000 + seed)}
-    sets["test"] = (setting.test_scans, 1000 + seed)
+    sets = {
+        "train": (setting.train_scans, seed),
+        "val": (setting.val_scans, 500 + seed),
+        "test": (setting.test_scans, 1000 + seed),
+    }
     folders = {}
     for part, (n, data_seed) in sets.items():
         folder = work / f"{task}_{seed}_scale{setting.scale:g}" / f"{part}_{n}"
-        if not (folder / "masks").is_dir() or len(list((folder / "masks").glob("*.png"))) < n:
-            make_welllog_scans(folder, n, scale=setting.scale, seed=data_seed, classes=task, workers=1)
+        make_welllog_scans(folder, n, scale=setting.scale, seed=data_seed, classes=task, workers=1, only_missing=True)
         folders[part] = folder
     return folders
 

@@ -244,18 +244,11 @@ def train_val_indices(sizes, val_fraction: float | None, seed: int) -> tuple[lis
 
 
 def training_sampler(
-    sizes, *, divisor, seed: int, batch_size=None, max_pixels=None, epoch_sizes=None, **options
+    sizes, *, divisor, seed: int, batch_size=None, max_pixels=None, **options
 ) -> SizeGroupedBatchSampler:
     """The sampler the trainer draws its training batches from: size-grouped, shuffled by ``seed`` and epoch.
-    ``epoch_sizes`` (epoch -> the training scans' sizes in it, with ``data.augment.scale``) and ``options``
-    (num_replicas, rank, pool_size, jitter) go to SizeGroupedBatchSampler."""
+    ``options`` (num_replicas, rank, pool_size, jitter, and ``epoch_sizes``: epoch -> the training scans' sizes in
+    it, with ``data.augment.scale``) go to SizeGroupedBatchSampler."""
     return SizeGroupedBatchSampler(
-        sizes,
-        batch_size=batch_size,
-        max_pixels=max_pixels,
-        divisor=divisor,
-        shuffle=True,
-        seed=seed,
-        epoch_sizes=epoch_sizes,
-        **options,
+        sizes, batch_size=batch_size, max_pixels=max_pixels, divisor=divisor, shuffle=True, seed=seed, **options
     )

@@ -97,7 +97,7 @@ def _style_mask(rng, style: str, width: int, scale: float) -> np.ndarray:
     # least 6 px (3 inked), a dot 3 px (1 inked), so the styles stay distinguishable at every scale.
     dashed = style == "dashed"
     period = _length(rng.uniform(14, 24) if dashed else rng.uniform(4, 7), scale, minimum=6 if dashed else 3)
-    on = max(1, int(period * (0.6 if style == "dashed" else 0.35)))
+    on = max(1, int(period * (0.6 if dashed else 0.35)))
     return (x + rng.integers(period)) % period < on
 
 

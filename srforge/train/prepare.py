@@ -209,10 +209,8 @@ def prepare_synthetic_data(synthetic: SyntheticSection, processes: Processes, po
     if not generator.missing_scans(root, synthetic["n"]):
         return
     if processes.local_rank == 0:
-        scale = synthetic["scale"]
-        if isinstance(scale, list):  # YAML's [lo, hi]: each scan draws its own scale from the range
-            scale = tuple(scale)
-        shown = f"{scale[0]:g}-{scale[1]:g}" if isinstance(scale, tuple) else scale
+        scale = synthetic["scale"]  # a number, or YAML's [lo, hi]: each scan draws its own scale from the range
+        shown = f"{scale[0]:g}-{scale[1]:g}" if isinstance(scale, list) else scale
         print(f"srforge: generating {synthetic['n']} synthetic well-log scans into {root} (scale {shown})")
         generator.make_welllog_scans(
             root,
