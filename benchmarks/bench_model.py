@@ -28,6 +28,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from srforge import AlignedCollate
 from srforge.models import UNet, group_count, level_mask, masked_group_norm
 from srforge.models.norms import NORM_OPTIONS, apply_norm
+from srforge.runtime.device import resolve_device
 
 
 def spread(low: int, high: int, count: int) -> list[int]:
@@ -229,9 +231,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     global DEVICE
-    DEVICE = torch.device(args.device)
-    if DEVICE.type == "cuda" and DEVICE.index is None:
-        DEVICE = torch.device("cuda", torch.cuda.current_device())
+    try:
+        DEVICE = resolve_device(args.device)  # a CUDA device with its index, or a ValueError naming those there are
+    except ValueError as exc:
+        sys.exit(f"bench_model: --device: {exc}")
 
     if args.model:
         compare(args)

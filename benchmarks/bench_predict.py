@@ -51,7 +51,7 @@ from srforge.predict.outputs import class_fractions, output_paths, write_png, wr
 from srforge.predict.pipeline import predict_archive  # noqa: E402
 from srforge.predict.predictor import Predictor  # noqa: E402
 from srforge.predict.tiling import predict_tiled, tile_shape  # noqa: E402
-from srforge.runtime.device import autocast  # noqa: E402
+from srforge.runtime.device import autocast, resolve_device  # noqa: E402
 
 NUM_CLASSES = 4  # multiclass synthetic scans: background, solid, dashed, dotted
 SCANS_IN_AN_HOUR = 136_771  # the user's archive
@@ -222,11 +222,10 @@ def main() -> int:
         print(json.dumps(child(json.loads(args.child))))
         return 0
 
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
-    if device == "auto":
-        device = "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        print("bench_predict: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
+    try:
+        device = str(resolve_device(args.device))  # auto, or a CUDA device with its index; a ValueError names those
+    except ValueError as exc:
+        print(f"bench_predict: --device: {exc}", file=sys.stderr)
         return 1
     gpu = device.startswith("cuda")
     n = args.n or (24 if gpu else 16)
