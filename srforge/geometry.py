@@ -19,10 +19,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-# The most stride-2 stages srforge builds: a size divisor of 2**16 = 65,536 px, beyond the height and width of any
-# scan. Each stage deeper doubles the padding of every scan; depth 30 would pad a scan to 2**30 px a side.
-# srforge.config.schema.MAX_DEPTH is the same number for model.depth (a config is read without torch).
-MAX_DEPTH = 16
+from srforge.constants import MAX_DEPTH
 
 
 def round_up(n, d):

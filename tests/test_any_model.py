@@ -365,14 +365,12 @@ def test_training_loads_model_weights_at_a_fresh_start(tmp_path, capsys):
 
 
 # -- config ----------------------------------------------------------------------------------------------------
-def test_the_config_and_the_builder_agree_on_names_written_twice():
-    from srforge.config import schema
-    from srforge.models import build, weights
+def test_every_path_of_srforges_unet_names_the_unet():
+    from srforge.constants import UNET_CLASSES
+    from srforge.models import build
 
-    assert schema.UNET_CLASS == build.UNET_CLASS and schema.NORMS == build.NORMS
-    assert schema.ModelSection.weights_into.choices == weights.INTO
-    assert {"srforge.models:UNet", "srforge:UNet"} <= set(schema.UNET_CLASSES)
-    assert all(build.import_class(path) is UNet for path in schema.UNET_CLASSES)
+    assert {"srforge.models:UNet", "srforge:UNet"} <= set(UNET_CLASSES)
+    assert all(build.import_class(path) is UNet for path in UNET_CLASSES)
 
 
 def test_config_keys_of_the_model_section(tmp_path):

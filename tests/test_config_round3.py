@@ -17,8 +17,8 @@ import srforge.data.layout_plot as layout_plot
 from srforge.atomic import atomic_write
 from srforge.cli import main_check_data
 from srforge.config import ConfigError, load_config, resolve
-from srforge.config.schema import MAX_DEPTH, ModelSection
-from srforge.geometry import MAX_DEPTH as GEOMETRY_MAX_DEPTH
+from srforge.config.schema import ModelSection
+from srforge.constants import MAX_DEPTH
 from srforge.geometry import depth_problem, largest_sensible_depth
 from srforge.models import UNet
 
@@ -52,7 +52,7 @@ def test_model_depth_has_a_static_bound_that_names_it():
         resolve({"model": {"depth": 40}})
     with pytest.raises(ConfigError, match=r"model.depth: expected an integer >= 1, found 0"):
         resolve({"model": {"depth": 0}})
-    assert ModelSection.depth.maximum == MAX_DEPTH == GEOMETRY_MAX_DEPTH  # the config and the UNet agree
+    assert ModelSection.depth.maximum == MAX_DEPTH
 
 
 def test_unet_refuses_a_depth_beyond_the_bound_before_allocating():

@@ -63,7 +63,8 @@ def main_check_data(argv=None) -> int:
 def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     """check_data's --plot and the batching it draws; the defaults are the trainer's (srforge.config.schema;
     configs/quickstart.yaml differs: give --config)."""
-    from srforge.config.schema import MAX_DEPTH, Config
+    from srforge.config.schema import Config
+    from srforge.constants import MAX_DEPTH
 
     defaults = Config()
 
@@ -104,7 +105,7 @@ def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
 def _check_plot_arguments(parser: argparse.ArgumentParser, args) -> None:
     """The static bounds of --depth and --divisor (the config's for model.depth), before any file is read: a
     deeper net only pads, and 2**40 would ask for more memory than any machine has. Exits 2 naming the bound."""
-    from srforge.config.schema import MAX_DEPTH
+    from srforge.constants import MAX_DEPTH
 
     if args.depth is not None and not 1 <= args.depth <= MAX_DEPTH:
         parser.error(
@@ -120,7 +121,8 @@ def _fill_from_config(parser: argparse.ArgumentParser, args) -> None:
     --depth or --divisor takes the configured model's divisor. A config that does not load, or a model that does
     not build, exits 2 naming it."""
     from srforge.config import ConfigError, load_config
-    from srforge.config.schema import UNET_CLASSES, Config
+    from srforge.config.schema import Config
+    from srforge.constants import UNET_CLASSES
 
     try:
         cfg = load_config(args.config) if args.config else Config()
@@ -132,9 +134,9 @@ def _fill_from_config(parser: argparse.ArgumentParser, args) -> None:
     if args.batch_size is None and args.max_pixels is None:
         args.batch_size, args.max_pixels = cfg.data.batch_size, cfg.data.max_pixels
     if args.max_pixels == "auto":  # measured on the training device at start: draw at the CPU's budget instead
-        from srforge.runtime.memory import MAX_CPU_PIXELS
+        from srforge.constants import CPU_PIXELS
 
-        args.max_pixels = MAX_CPU_PIXELS
+        args.max_pixels = CPU_PIXELS
     args.val_fraction = cfg.data.val_fraction if args.val_fraction is None else args.val_fraction
     args.seed = cfg.run.seed if args.seed is None else args.seed
     if args.depth is not None or args.divisor is not None:

@@ -69,9 +69,7 @@ def main_train(argv=None) -> int:
     from srforge.extras import MissingExtraError
     from srforge.locks import FolderLockedError
     from srforge.runtime.signals import terminate_as_interrupt
-    from srforge.train.loop import train
-    from srforge.train.step import NonFiniteLossError
-    from srforge.train.stop import WorkerLostError
+    from srforge.train import NonFiniteLossError, ScanTooLargeError, WorkerLostError, train
 
     parser = argparse.ArgumentParser(prog=PROG, description=main_train.__doc__)
     parser.add_argument(
@@ -102,6 +100,7 @@ def main_train(argv=None) -> int:
     except (
         NonFiniteLossError,
         WorkerLostError,
+        ScanTooLargeError,
         DiskFullError,
         FolderLockedError,
         ValueError,

@@ -13,15 +13,17 @@ from typing import Any
 
 from srforge.config.errors import ConfigError
 from srforge.config.fields import Section, key, part, yaml11_float
-from srforge.constants import IGNORE_INDEX, PRECISIONS
+from srforge.constants import (
+    IGNORE_INDEX,
+    MAX_DEPTH,
+    NORMS,
+    PRECISIONS,
+    UNET_CLASS,
+    UNET_CLASSES,
+    UNET_KEYS,
+    WEIGHTS_INTO,
+)
 from srforge.limits import class_names_problem
-
-# The most stride-2 stages a config may ask for: a size divisor of 2**16 = 65,536 px, beyond the height and width
-# of any scan; each stage deeper doubles the padding of every scan, and depth 30 would pad a scan to 2**30 px a
-# side. The same number as srforge.geometry.MAX_DEPTH (UNet's bound), written twice because reading a config
-# loads no torch, which geometry does. How deep the scans of a dataset allow is srforge.geometry's
-# depth_problem, checked once their sizes are known.
-MAX_DEPTH = 16
 
 
 # -- single-key rules (each is given to its key below) -----------------------------------------------------
@@ -36,8 +38,8 @@ def positive(what: str):
 
 
 def fraction(value: Any, path: str) -> None:
-    """A number strictly between 0 and 1."""
-    if not 0 < value < 1:
+    """A number strictly between 0 and 1 (or null, where the key allows it)."""
+    if value is not None and not 0 < value < 1:
         raise ConfigError(f"{path}: expected a number between 0 and 1, found {value}.")
 
 
@@ -45,6 +47,35 @@ def import_path(value: Any, path: str) -> None:
     """``"module.path:ClassName"`` (or null, where the key allows it)."""
     if value is not None and ":" not in value:
         raise ConfigError(f"{path}: expected 'module.path:ClassName', found {value!r}.")
+
+
+def early_stop_spec(value: Any, path: str) -> None:
+    """``{patience: N >= 1, min_delta: x >= 0}`` (min_delta optional), or null."""
+    if value is None:
+        return
+    unknown = sorted(set(value) - {"patience", "min_delta"})
+    if unknown or "patience" not in value:
+        found = f"the key {unknown[0]!r}" if unknown else "no patience"
+        raise ConfigError(f"{path}: expected {{patience: N, min_delta: x}} (min_delta optional), found {found}.")
+    patience, delta = value["patience"], value.get("min_delta", 0.0)
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+        raise ConfigError(f"{path}.patience: expected an integer >= 1 (validations without improvement), found "
+                          f"{patience!r}.")  # fmt: skip
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 <= delta < 1:
+        raise ConfigError(f"{path}.min_delta: expected a number from 0 to below 1 (of mean IoU), found {delta!r}.")
+
+
+def hook_specs(value: Any, path: str) -> None:
+    """A list of ``{class: "module.path:Class", args: {...}}`` (args optional)."""
+    for i, spec in enumerate(value):
+        where = f"{path}[{i}]"
+        if not isinstance(spec, Mapping) or "class" not in spec or set(spec) - {"class", "args"}:
+            raise ConfigError(f"{where}: expected {{class: 'module.path:Class', args: {{...}}}}, found {spec!r:.120}.")
+        if not isinstance(spec["class"], str):
+            raise ConfigError(f"{where}.class: expected 'module.path:Class', found {spec['class']!r:.120}.")
+        import_path(spec["class"], f"{where}.class")
+        if not isinstance(spec.get("args") or {}, Mapping):
+            raise ConfigError(f"{where}.args: expected a mapping of keyword arguments, found {spec['args']!r:.120}.")
 
 
 def class_names(value: Any, path: str) -> None:
@@ -182,16 +213,6 @@ class DataSection(Section, path="data"):
     )
 
 
-# srforge's own UNet, the default model.class; the other paths name the same class. Only it takes the UNet keys
-# (base_channels, depth, max_channels, padding_aware); any other class takes in_channels, num_classes and
-# model.args (srforge.train.build.model_kwargs). Written as text, and again in srforge.models.build (the same values,
-# held equal by a test): reading a config loads no torch.
-UNET_CLASS = "srforge.models.unet:UNet"
-UNET_CLASSES = (UNET_CLASS, "srforge.models:UNet", "srforge:UNet")
-UNET_KEYS = ("base_channels", "depth", "max_channels", "padding_aware")
-NORMS = ("keep", "group", "frozen", "masked")
-
-
 class ModelSection(Section, path="model"):
     class_: str = key(
         UNET_CLASS,
@@ -228,7 +249,7 @@ class ModelSection(Section, path="model"):
     weights_into: str = key(
         "model",
         "what model.weights loads into: the whole model, or its encoder attribute",
-        choices=("model", "encoder"),
+        choices=WEIGHTS_INTO,
     )
     weights_strict: bool = key(
         True, "every tensor of model.weights must fit (false: load those that fit and report the rest)"
@@ -272,6 +293,24 @@ class TrainSection(Section, path="train"):
         1800,
         "under torchrun, how long a rank waits for the others (seconds)",
         rule=positive("a positive number of seconds"),
+    )
+    ema: float | None = key(
+        None,
+        "an exponential moving average of the weights with this decay (e.g. 0.999), used by validation and "
+        "best.pt; null: off",
+        rule=fraction,
+    )
+    early_stop: dict | None = key(
+        None,
+        "{patience: N, min_delta: x}: stop once N validations in a row have not raised the validation mean IoU by "
+        "more than x (default 0); null: off",
+        rule=early_stop_spec,
+    )
+    hooks: list = key(
+        [],
+        "your own hooks, [{class: 'module.path:Class', args: {...}}, ...], called around every step and epoch "
+        "(srforge.train.hooks)",
+        rule=hook_specs,
     )
 
 

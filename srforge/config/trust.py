@@ -26,13 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from srforge.config.errors import ConfigError
-from srforge.config.schema import UNET_CLASS
 from srforge.config.yaml_io import read_yaml_file
+from srforge.constants import UNET_CLASS
 
 
 def import_paths(tree: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
     """(dotted key, value) of every ``class`` key in a nested config, free-form parts included. A key may be
     dotted itself, as a command-line override's is (``{"data.dataset.class": "x"}``)."""
+    if isinstance(tree, (list, tuple)):  # train.hooks: a list of {class, args}
+        for i, value in enumerate(tree):
+            yield from import_paths(value, f"{prefix}[{i}]")
+        return
     if not isinstance(tree, Mapping):
         return
     for key, value in tree.items():

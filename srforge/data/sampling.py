@@ -169,7 +169,7 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
-        self._cache: tuple[int, list[list[int]]] | None = None
+        self._cache: tuple[tuple, list[list[int]]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -216,7 +216,8 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         return batches
 
     def _rank_batches(self) -> list[list[int]]:
-        if self._cache is None or self._cache[0] != (self.seed, self.epoch):
+        key = (self.seed, self.epoch, self.max_pixels)  # the budget too: a trainer may lower it between epochs
+        if self._cache is None or self._cache[0] != key:
             batches = self._global_batches()
             total = len(batches)
             if self.drop_last:
@@ -225,7 +226,7 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
                 extra = self.num_replicas - total % self.num_replicas
                 batches = batches + [batches[i % total] for i in range(extra)]
             mine = [b.tolist() for b in batches[self.rank :: self.num_replicas]]
-            self._cache = ((self.seed, self.epoch), mine)
+            self._cache = (key, mine)
         return self._cache[1]
 
     def __iter__(self):

@@ -1,6 +1,6 @@
 """What every adapter of another library's model shares (srforge.models.smp, srforge.models.tv_segmentation).
 
-srforge's contract (DESIGN.md, "Any model"): attributes ``size_divisor``, ``in_channels``, ``num_classes``;
+srforge's model contract (srforge.models.contract): attributes ``size_divisor``, ``in_channels``, ``num_classes``;
 ``forward(image [B, C, H, W] uint8 | float in [0, 1], sizes [B, 2] int64 | None) -> logits [B, K, H, W]``; the input
 normalisation inside the model, so that a checkpoint alone configures prediction. An adapter keeps the pretrained
 normalisation as buffers (:func:`register_stats`, :func:`channel_stats`), hands the wrapped model a checked,

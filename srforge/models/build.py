@@ -26,13 +26,10 @@ from typing import Any
 
 from torch import nn
 
+from srforge.constants import NORMS
 from srforge.models.contract import check_model, with_sizes
 from srforge.models.weights import WeightsFile, load_weights
 
-# The same values as srforge.config.schema's, written twice because reading a config loads no torch (as with
-# MAX_DEPTH); tests/test_any_model.py holds them equal.
-UNET_CLASS = "srforge.models.unet:UNet"
-NORMS = ("keep", "group", "frozen", "masked")
 Resolver = Callable[[str], Any]
 
 

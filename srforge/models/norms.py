@@ -50,7 +50,7 @@ from torchvision.ops import FrozenBatchNorm2d
 
 from srforge.geometry import valid_mask
 from srforge.models.contract import takes_sizes
-from srforge.models.norm import GroupNorm2d, group_count, masked_group_norm
+from srforge.models.group_norm import GroupNorm2d, group_count, masked_group_norm
 
 NORM_OPTIONS = ("keep", "group", "frozen", "masked")
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)

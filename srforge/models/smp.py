@@ -1,6 +1,6 @@
 """Adapter for segmentation_models_pytorch (smp): any architecture with any encoder, on srforge's model contract.
 
-srforge's contract (DESIGN.md, "Any model"): attributes ``size_divisor``, ``in_channels``, ``num_classes``;
+srforge's model contract (srforge.models.contract): attributes ``size_divisor``, ``in_channels``, ``num_classes``;
 ``forward(image [B, C, H, W] uint8 | float in [0, 1], sizes [B, 2] int64 | None) -> logits [B, K, H, W]``; the input
 normalisation inside the model, so that a checkpoint alone configures prediction. smp models take a normalised
 float tensor and return logits; :class:`SmpModel` adds the rest.

@@ -6,8 +6,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from srforge.geometry import MAX_DEPTH, level_mask, round_up
-from srforge.models.norm import GroupNorm2d
+from srforge.constants import MAX_DEPTH
+from srforge.geometry import level_mask, round_up
+from srforge.models.group_norm import GroupNorm2d
 
 
 def _check_input(image: torch.Tensor, in_channels: int, divisor: int) -> None:
@@ -144,7 +145,7 @@ class UNet(nn.Module):
     kernel-2 transposed conv read no other neighbours, and the 1x1 head none. So a scan's logits on its true extent
     are the same (up to float rounding) alone, padded to its own multiple of ``size_divisor``, or batched with
     scans several times its size. Logits on padded positions are not meaningful. Without ``sizes`` the model runs
-    plain GroupNorm over the whole padded tensor (faster, but batch-dependent, see srforge.models.norm).
+    plain GroupNorm over the whole padded tensor (faster, but batch-dependent, see srforge.models.group_norm).
     The masks ([B, 1, h, w] per level) are built once per forward and shared by all blocks of a level.
 
     Train and eval mode are the same computation (GroupNorm keeps no running statistics). Works with

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from srforge.constants import WEIGHTS_INTO
 from srforge.extras import MissingExtraError
 
 SUFFIXES = (".pt", ".pth", ".safetensors")
-INTO = ("model", "encoder")
 SAFETENSORS_INSTALL = "pip install safetensors"
 # Keys a checkpoint file commonly keeps its state dict under, tried in this order when the file is not one itself.
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict")
@@ -93,8 +93,8 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 def weights_target(model: nn.Module, into: str) -> nn.Module:
     """The module a weights file loads into: ``model`` itself, or its ``encoder`` attribute."""
-    if into not in INTO:
-        raise ValueError(f"model.weights_into: expected one of {list(INTO)}, found {into!r}.")
+    if into not in WEIGHTS_INTO:
+        raise ValueError(f"model.weights_into: expected one of {list(WEIGHTS_INTO)}, found {into!r}.")
     if into == "model":
         return model
     encoder = getattr(model, "encoder", None)

@@ -30,8 +30,9 @@ from typing import Any
 import torch
 
 from srforge.atomic import atomic_write
+from srforge.constants import NORMS, UNET_CLASS
 from srforge.limits import MAX_CHECKPOINT_CONFIG, class_names_problem, expanded_size, object_parts, object_weight
-from srforge.models.build import NORMS, UNET_CLASS, Resolver, create_model, import_class, is_srforge_path
+from srforge.models.build import Resolver, create_model, import_class, is_srforge_path
 from srforge.models.contract import class_name
 
 FORMAT = "srforge-checkpoint"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from srforge.constants import CPU_PIXELS
 from srforge.runtime.device import autocast
 from srforge.runtime.distributed import environment, reduce_min
 
@@ -96,13 +97,11 @@ def cuda_pixel_budget(model: torch.nn.Module, device: torch.device, precision: s
 # -- training: the step's measured memory, and the budget data.max_pixels: auto derives from it ---------------------
 # The share of free device memory a training step may plan to fill; the rest absorbs the caching allocator's
 # fragmentation as batch shapes vary, and other processes. Should a batch not fit all the same, the step redoes it
-# in parts and lowers the budget (srforge.train.step).
+# in parts and lowers the budget (srforge.train.trainer).
 AUTO_FRACTION = 0.75
 # On the CPU, data.max_pixels: auto is the budget whose step fits in half of the available RAM (MemAvailable), at
-# most this: 2**22 = 4.2 Mpx, one full-size 640 x 6,400 scan. On a CPU batching gains nothing (a batch costs about
-# what its scans cost one by one: docs/performance.md), while more pixels per batch only hold more memory.
+# most srforge.constants.CPU_PIXELS.
 CPU_AUTO_FRACTION = 0.5
-MAX_CPU_PIXELS = 2**22
 
 
 def pixels_text(pixels: float) -> str:
@@ -256,12 +255,12 @@ def auto_budget(memory: StepMemory, share: float, device_type: str, divisor: int
     :func:`planning_share`): (budget, capacity).
 
     capacity: the most padded pixels whose step fits in ``share``. budget: that, at most MAX_CUDA_PIXELS on CUDA
-    or MAX_CPU_PIXELS on the CPU, and at least one d x d block (d = ``divisor``) so that the sampler always has a
+    or CPU_PIXELS on the CPU, and at least one d x d block (d = ``divisor``) so that the sampler always has a
     budget. A scan above the budget but within the capacity still trains, as a batch of its own; one above the
     capacity cannot.
     """
     capacity = memory.fitting(share)
-    cap = MAX_CUDA_PIXELS if device_type == "cuda" else MAX_CPU_PIXELS
+    cap = MAX_CUDA_PIXELS if device_type == "cuda" else CPU_PIXELS
     return max(divisor**2, min(cap, capacity)), capacity
 
 

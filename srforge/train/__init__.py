@@ -1,28 +1,31 @@
-"""Training: :func:`train` runs a resolved config.
+"""Training: :func:`train` runs a resolved config through a :class:`Trainer`.
 
-Modules, in the order a run meets them: ``prepare`` (the resume checkpoint, the run folder, synthetic data),
-``build`` (device, data, model, optimization, batches), ``state`` (what a checkpoint holds; save and restore),
-``loop`` (:func:`train` and the epoch), ``step`` (one training pass and one validation pass), ``stop`` (how a run
-stops early and stays resumable: signals held while last.pt is written, a killed DataLoader worker), ``log``
-(metrics files, TensorBoard, the console), and ``rng``, ``losses``, ``metrics``.
+Modules, in the order a run meets them: ``run`` (:func:`train`: the resume checkpoint, the run folder, the
+process group), ``prepare`` (checks and the run folder, before anything is written), ``build`` (device, data,
+model, optimization, batches), ``memory`` (the step's measured memory and the pixel budget), ``trainer`` (the
+Trainer: state, the loop, one step), ``hooks`` (validation, checkpoints, logs, progress, EMA, early stopping, the
+user's own), ``stop`` (signals held while last.pt is written, a killed DataLoader worker), ``log`` (metrics files,
+TensorBoard, the console), and ``rng``, ``losses``, ``metrics``.
 """
 
 from srforge.train.build import build_data
-from srforge.train.loop import train
+from srforge.train.hooks import EarlyStopHook, EMAHook, Hook
+from srforge.train.memory import PixelBudget, ScanTooLargeError
 from srforge.train.prepare import RunExistsError
-from srforge.train.state import TrainState
-from srforge.train.step import NonFiniteLossError, Progress, StepSettings, evaluate, train_epoch
+from srforge.train.run import train
 from srforge.train.stop import WorkerLostError
+from srforge.train.trainer import NonFiniteLossError, Trainer
 
 __all__ = [
     "train",
+    "Trainer",
+    "Hook",
+    "EMAHook",
+    "EarlyStopHook",
+    "PixelBudget",
     "build_data",
-    "evaluate",
-    "train_epoch",
     "NonFiniteLossError",
     "RunExistsError",
+    "ScanTooLargeError",
     "WorkerLostError",
-    "Progress",
-    "StepSettings",
-    "TrainState",
 ]

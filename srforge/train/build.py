@@ -4,7 +4,7 @@
                  rescaling, data.augment.scale, on the training side)
     model     -> model.class (srforge's UNet by default) on the device, and the arguments that rebuild it
                  (checkpoints keep them), through the one builder srforge.models.build.create_model
-    train     -> AdamW, warm-up + cosine LambdaLR, GradScaler (fp16); StepSettings for the step and evaluation
+    train     -> AdamW, warm-up + cosine LambdaLR, GradScaler (fp16)
     batches   -> training_sampler (size-grouped, shuffled by seed and epoch, this rank's share), validation loader
 
 The split and the training sampler come from :mod:`srforge.data.sampling`, the functions the batch-layout
@@ -25,21 +25,20 @@ import torch
 from torch.utils.data import DataLoader
 
 from srforge.config import ConfigError, import_object
-from srforge.config.schema import UNET_CLASS, UNET_CLASSES, UNET_KEYS, Config, DataSection, ModelSection
+from srforge.config.schema import DataSection, ModelSection
+from srforge.constants import UNET_CLASSES, UNET_KEYS
 from srforge.data.adapter import FieldView
 from srforge.data.augment import build_augmentation, scale_range
 from srforge.data.collate import AlignedCollate
+from srforge.data.crop import crop_shape, crop_sizes
 from srforge.data.rescale import epoch_sizes, scaled_size
 from srforge.data.sampling import SizeGroupedBatchSampler, train_val_indices, training_sampler
 from srforge.data.sizes import dataset_sizes
 from srforge.geometry import depth_problem
 from srforge.models.build import create_model
 from srforge.models.weights import WeightsFile
-from srforge.runtime.checkpoint import class_names_or_default
 from srforge.runtime.device import cpu_has_native_bf16, resolve_device
 from srforge.runtime.distributed import Processes, environment
-from srforge.train.state import TrainState
-from srforge.train.step import StepSettings
 
 # The keys srforge's UNet is built with; any other model.class takes the first two and model.args.
 MODEL_ARGS = ("in_channels", "num_classes", *UNET_KEYS)
@@ -133,8 +132,8 @@ def model_kwargs(model_cfg: ModelSection) -> dict:
     srforge's UNet (the default class) also takes ``base_channels``, ``depth``, ``max_channels`` and
     ``padding_aware``. A key given twice (``model.args.num_classes``) is a ConfigError: data checks, class names
     and the loss read the section's own key, so it alone says what the model is."""
-    own = ("in_channels", "num_classes", *(UNET_KEYS if model_cfg.get("class", UNET_CLASS) in UNET_CLASSES else ()))
-    args = dict(model_cfg.get("args") or {})
+    own = ("in_channels", "num_classes", *(UNET_KEYS if model_cfg.class_ in UNET_CLASSES else ()))
+    args = dict(model_cfg.args)
     twice = [name for name in own if name in args]
     if twice:
         raise ConfigError(
@@ -147,10 +146,9 @@ def model_kwargs(model_cfg: ModelSection) -> dict:
 
 def weights_file(model_cfg: ModelSection) -> WeightsFile | None:
     """The ``model.weights`` file to load and how, or None when the key is null (or absent)."""
-    path = model_cfg.get("weights")
-    if path is None:
+    if model_cfg.weights is None:
         return None
-    return WeightsFile(path, model_cfg.get("weights_into", "model"), model_cfg.get("weights_strict", True))
+    return WeightsFile(model_cfg.weights, model_cfg.weights_into, model_cfg.weights_strict)
 
 
 def report_weights(line: str) -> None:
@@ -168,12 +166,12 @@ def build_model(
     ``load_weights`` (a resumed run's weights come from its checkpoint instead), ``model.norm`` applied, checked
     against srforge.models.contract. A model whose in_channels or num_classes differ from the section's is a
     ConfigError."""
-    path = model_cfg.get("class", UNET_CLASS)
+    path = model_cfg.class_
     kwargs = model_kwargs(model_cfg)
     model = create_model(
         path,
         kwargs,
-        norm=model_cfg.get("norm", "keep"),
+        norm=model_cfg.norm,
         weights=weights_file(model_cfg) if load_weights else None,
         resolve=lambda spec: import_object(spec, "model.class"),
         report=report_weights,
@@ -266,13 +264,22 @@ def training_epoch_sizes(data: Data) -> Callable[[int], list] | None:
 
 
 def build_loaders(
-    data_cfg: DataSection, data: Data, *, divisor: int, seed: int, processes: Processes, device: torch.device
+    data_cfg: DataSection,
+    data: Data,
+    *,
+    divisor: int,
+    seed: int,
+    processes: Processes,
+    device: torch.device,
+    max_pixels: int | None = None,
 ) -> Loaders:
     """Batches of alike sizes padded to ``divisor`` (the model's) by AlignedCollate, masks with the ignore index;
     the training batches dealt to ranks by :func:`srforge.data.sampling.training_sampler`, grouped by each
-    epoch's sizes when the training view rescales (:func:`training_epoch_sizes`)."""
+    epoch's sizes when the training view rescales (:func:`training_epoch_sizes`). ``max_pixels`` is the pixel
+    budget ``data.max_pixels`` resolved to (``auto`` measured); ignored with ``data.batch_size``."""
     collate = AlignedCollate(divisor, pad={"image": 0, "mask": data_cfg.ignore_index})
-    grouping = {"batch_size": data_cfg.batch_size, "max_pixels": data_cfg.max_pixels, "divisor": divisor}
+    budget = max_pixels if data_cfg.max_pixels is not None else None
+    grouping = {"batch_size": data_cfg.batch_size, "max_pixels": budget, "divisor": divisor}
     sampler = training_sampler(
         data.train_sizes,
         seed=seed,
@@ -291,55 +298,6 @@ def build_loaders(
         pin_memory=pin_memory,
     )
     return Loaders(data.train, sampler, collate, data_cfg.num_workers, pin_memory, val)
-
-
-def build_state(
-    cfg: Config, model: torch.nn.Module, model_args: dict, loaders: Loaders, device: torch.device
-) -> TrainState:
-    """A fresh run's state: ``model``, its optimization scheduled over every epoch's steps, the run's facts."""
-    tcfg, mcfg = cfg.train, cfg.model
-    optimizer, scheduler, scaler = build_optimization(
-        model,
-        device=device,
-        lr=tcfg.lr,
-        weight_decay=tcfg.weight_decay,
-        warmup_steps=tcfg.warmup_steps,
-        min_lr_ratio=tcfg.min_lr_ratio,
-        total_steps=tcfg.epochs * math.ceil(len(loaders.sampler) / tcfg.accumulate),  # optimizer steps
-        precision=tcfg.precision,
-    )
-    class_names = class_names_or_default(mcfg.class_names, mcfg.num_classes)
-    image_mode = getattr(loaders.train.dataset, "image_mode", "RGB")
-    return TrainState(
-        model,
-        model_args,
-        optimizer,
-        scheduler,
-        scaler,
-        loaders.sampler,
-        cfg,
-        class_names,
-        image_mode,
-        model_class=mcfg.class_,
-        model_norm=mcfg.norm,
-    )
-
-
-def step_settings(cfg: Config, device: torch.device) -> StepSettings:
-    """What the step and evaluation need from the config, on ``device``."""
-    tcfg = cfg.train
-    return StepSettings(
-        device=device,
-        precision=tcfg.precision,
-        channels_last=tcfg.channels_last,
-        num_classes=cfg.model.num_classes,
-        ignore_index=cfg.data.ignore_index,
-        dice_weight=tcfg.dice_weight,
-        grad_clip=tcfg.grad_clip,
-        skip_nonfinite=tcfg.skip_nonfinite,
-        log_every=tcfg.log_every,
-        accumulate=tcfg.accumulate,
-    )
 
 
 def wrap_for_training(model: torch.nn.Module, *, compile: bool, world: int, device: torch.device) -> torch.nn.Module:
@@ -363,3 +321,30 @@ def wrap_for_training(model: torch.nn.Module, *, compile: bool, world: int, devi
         "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
     )
     return ddp(model, device_ids=[device.index] if device.type == "cuda" else None, **{no_sync: False})
+
+
+def set_checkpointing(model: torch.nn.Module, on: bool) -> None:
+    """``model.checkpointing``: switch every submodule's ``checkpointing`` attribute (srforge's UNet has one, and
+    so may any model class); asked of a model without one, a ConfigError saying so."""
+    holders = [m for m in model.modules() if "checkpointing" in vars(m)]
+    if on and not holders:
+        raise ConfigError(
+            f"model.checkpointing: {type(model).__name__} has no checkpointing attribute to switch on (srforge's "
+            "UNet has one). Set model.checkpointing=false, or give the model a checkpointing attribute that makes "
+            "its forward recompute activations in backward (torch.utils.checkpoint)."
+        )
+    for module in holders:
+        module.checkpointing = on
+
+
+def crop_training_scans(data: Data, crop: int | list | None, divisor: int) -> None:
+    """``data.crop``: the training view cuts every larger scan to a random crop of at most that size (rounded down
+    to ``divisor``), and the sampler groups the training scans by their cropped sizes."""
+    if crop is None:
+        return
+    try:
+        shape = crop_shape(crop, divisor)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    data.train.crop = shape
+    data.train_sizes = crop_sizes(data.train_sizes, shape)

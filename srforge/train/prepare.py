@@ -25,7 +25,8 @@ from typing import Any
 
 from srforge.atomic import DiskFullError, atomic_write_text, disk_full_names, remove_stale_temporaries
 from srforge.config import ConfigError, dump
-from srforge.config.schema import UNET_CLASS, UNET_CLASSES, Config, ModelSection, SyntheticSection
+from srforge.config.schema import Config, ModelSection, SyntheticSection
+from srforge.constants import UNET_CLASS, UNET_CLASSES
 from srforge.locks import LOCK_NAME, FolderLock
 from srforge.runtime.checkpoint import load_checkpoint
 from srforge.runtime.distributed import Processes
