@@ -2,7 +2,7 @@
 
 For the padding-aware UNet (depth 5, 4 classes, Dice weight 1: configs/welllog.yaml's model at base 8, 16 and 32)
 in fp32 and bf16, with ``model.checkpointing`` off and on, it measures one training step (forward, loss, backward)
-with the trainer's own probe (:func:`srforge.train.step.probe_memory`): bytes per padded pixel and the fixed part
+with the trainer's own probe (:func:`srforge.train.memory.probe_memory`): bytes per padded pixel and the fixed part
 (gradients, workspaces, and AdamW's state counted from the parameters). On the CPU the peaks come from the
 profiler's record of torch's CPU allocator, on CUDA from ``max_memory_allocated``; bytes per pixel is a ratio of
 two input sizes, so small inputs measure it. Then, from the measured model, the largest scan each common card (24,
@@ -41,26 +41,26 @@ from srforge.models import UNet  # noqa: E402
 from srforge.runtime.device import autocast, resolve_device  # noqa: E402
 from srforge.runtime.memory import AUTO_FRACTION, auto_budget, free_memory, planning_share  # noqa: E402
 from srforge.train.losses import segmentation_loss  # noqa: E402
-from srforge.train.step import Progress, StepSettings, probe_memory, train_epoch  # noqa: E402
+from srforge.train.memory import probe_memory  # noqa: E402
 
 CARDS_GB = (24, 48, 80, 141)
 CONTEXT_BYTES = 10**9  # what the CUDA context and the library kernels take on a card before training starts
 FULL_SIZE = (640, 12_800)  # the widest full-size well-log scan
 
 
-def settings_for(device: torch.device, precision: str) -> StepSettings:
-    """The trainer's step settings for configs/welllog.yaml's model (channels_last on CUDA, as that config)."""
-    return StepSettings(device, precision, device.type == "cuda", num_classes=4, ignore_index=255, dice_weight=1.0)
+def welllog_loss(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """configs/welllog.yaml's training loss: cross-entropy + Dice (weight 1) over valid pixels."""
+    return segmentation_loss(logits, mask, 255, dice_weight=1.0)
 
 
 def measure(base: int, precision: str, checkpointing: bool, device: torch.device) -> dict:
     torch.manual_seed(0)
     model = UNet(num_classes=4, base_channels=base, depth=5, checkpointing=checkpointing).to(device)
-    settings = settings_for(device, precision)
-    if settings.channels_last:
+    channels_last = device.type == "cuda"  # as configs/welllog.yaml on a GPU
+    if channels_last:
         model = model.to(memory_format=torch.channels_last)
     started = time.perf_counter()
-    memory = probe_memory(model, settings)
+    memory = probe_memory(model, device, precision, welllog_loss, channels_last=channels_last)
     return {
         "base_channels": base,
         "precision": precision,
@@ -111,11 +111,39 @@ def step_seconds(base: int, device: torch.device, shape: tuple[int, int], repeat
     return statistics.median(times[False]), statistics.median(times[True])
 
 
-def welllog_model(device: torch.device, precision: str, channels_last: bool) -> tuple[UNet, StepSettings]:
+def welllog_model(device: torch.device, precision: str, channels_last: bool) -> UNet:
     torch.manual_seed(0)
     model = UNet(num_classes=4, base_channels=32, depth=5).to(device)
-    settings = StepSettings(device, precision, channels_last, num_classes=4, ignore_index=255, dice_weight=1.0)
-    return (model.to(memory_format=torch.channels_last) if channels_last else model), settings
+    return model.to(memory_format=torch.channels_last) if channels_last else model
+
+
+class TwoScans(torch.utils.data.Dataset):
+    """Two 640 x 4,800 scans (4 classes): all a Trainer needs to build; the OOM check feeds it its own batch."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return scans_batch(2)[i]
+
+
+def welllog_trainer(device: torch.device):
+    """A Trainer with configs/welllog.yaml's model (base 32, fp32, Dice 1), its pixel budget unbounded."""
+    from srforge.config import resolve
+    from srforge.runtime.distributed import environment
+    from srforge.train import Trainer
+
+    run_dir = Path(os.environ.get("TMPDIR", "/tmp")) / "srforge-bench-memory"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = resolve(
+        {
+            "run": {"dir": str(run_dir), "device": str(device)},
+            "data": {"dataset": {"class": "__main__:TwoScans"}, "batch_size": 1, "val_fraction": 0.5},
+            "model": {"num_classes": 4, "base_channels": 32, "depth": 5},
+            "train": {"dice_weight": 1.0, "lr": 1e-4},
+        }
+    )
+    return Trainer(cfg, environment(), run_dir)
 
 
 def scans_batch(count: int, height: int = 640, width: int = 4800) -> Entry:
@@ -134,9 +162,9 @@ def scans_batch(count: int, height: int = 640, width: int = 4800) -> Entry:
 
 def check_probe(device: torch.device) -> tuple[bool, str]:
     """The probe's peak against a real step's at the auto budget (see the module docstring)."""
-    model, settings = welllog_model(device, "bf16", channels_last=True)
+    model = welllog_model(device, "bf16", channels_last=True)
     weights = torch.cuda.memory_allocated(device)
-    memory = probe_memory(model, settings)
+    memory = probe_memory(model, device, "bf16", welllog_loss, channels_last=True)
     free = free_memory(device)
     budget, _ = auto_budget(memory, planning_share(free, "cuda"), "cuda", 32)
     count = max(1, budget // (640 * 4800))
@@ -168,29 +196,25 @@ def check_probe(device: torch.device) -> tuple[bool, str]:
 
 def check_oom(device: torch.device) -> tuple[bool, str]:
     """A batch that cannot fit, recovered by the trainer's step (see the module docstring)."""
-    model, settings = welllog_model(device, "fp32", channels_last=False)
-    memory = probe_memory(model, settings)
+    trainer = welllog_trainer(device)
+    memory = trainer.memory
     free = free_memory(device)
     per_scan = memory.bytes_per_pixel * 640 * 4800
     count = max(2, int((1.2 * free - memory.fixed_bytes) // per_scan) + 1)
     batch = scans_batch(count)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    scaler = torch.amp.GradScaler("cuda", enabled=False)
-    progress = Progress()
     started = time.perf_counter()
-    train_epoch(model, [batch], optimizer, scheduler, scaler, progress, settings)
+    trainer.run_step(iter([batch]))
     seconds = time.perf_counter() - started
-    finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-    budget = settings.budget.pixels
+    finite = all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters())
+    budget = trainer.budget.pixels
     figures = (
         f"a batch of {count} x 640 x 4,800 ({count * 640 * 4800 / 1e6:.1f} Mpx, about "
         f"{memory.peak(count * 640 * 4800) / 1e9:.0f} GB by the probe) on {free / 1e9:.1f} GB free: "
-        f"{settings.budget.events} out-of-memory event(s), budget lowered to "
-        f"{'none' if budget is None else f'{budget / 1e6:.1f} Mpx'}, {progress.step} step taken in {seconds:.1f} s, "
+        f"{trainer.budget.events} out-of-memory event(s), budget lowered to "
+        f"{'none' if budget is None else f'{budget / 1e6:.1f} Mpx'}, {trainer.step} step taken in {seconds:.1f} s, "
         f"weights finite: {finite}"
     )
-    return settings.budget.events >= 1 and progress.step == 1 and finite, figures
+    return trainer.budget.events >= 1 and trainer.step == 1 and finite, figures
 
 
 def main(argv: list[str] | None = None) -> int:

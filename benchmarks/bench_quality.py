@@ -56,7 +56,7 @@ from srforge.data.images import read_image, read_mask  # noqa: E402
 from srforge.data.layout_plot import batch_layout, waste  # noqa: E402
 from srforge.data.synthetic import make_welllog_scans  # noqa: E402
 from srforge.predict.predictor import Predictor  # noqa: E402
-from srforge.train.loop import train  # noqa: E402
+from srforge.train import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "quickstart.yaml"

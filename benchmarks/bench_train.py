@@ -5,7 +5,7 @@ On synthetic well-log scans at 1/8 scale (heights 60-80, widths 400-1,600), one 
 - batch 1, each scan padded only to its own multiple of 32 (the only option before srforge);
 - batch 16 in random order; batch 16 size-grouped; a pixel budget (size-grouped);
 - the share of step time spent waiting for data with 2 loader workers (pixel-budget batches);
-- the trainer itself (``srforge.train.loop.train``, batch 1, on the same device) against the bare model's
+- the trainer itself (``srforge.train.train``, batch 1, on the same device) against the bare model's
   forward+backward at batch 1 on the same scans with no loader: the framework's own cost (goal >= 0.85x on CPU,
   >= 0.9x on CUDA). On CUDA the trainer runs 2 epochs and its second (every shape already seen) is reported;
 - on CUDA, one training step at configs/welllog.yaml's budget (its data.max_pixels of 640 x 4,800 scans, its
@@ -43,7 +43,7 @@ from srforge.data.sampling import SizeGroupedBatchSampler  # noqa: E402
 from srforge.data.synthetic import make_welllog_scans  # noqa: E402
 from srforge.models import UNet  # noqa: E402
 from srforge.runtime.device import autocast, resolve_device  # noqa: E402
-from srforge.train.loop import train  # noqa: E402
+from srforge.train import train  # noqa: E402
 from srforge.train.losses import segmentation_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,12 +128,14 @@ def welllog_budget_step(device: torch.device, repeats: int = 3) -> dict:
     budget = data["max_pixels"]
     if budget == "auto":  # what the trainer derives on this device: the probe, then the free memory's share
         from srforge.runtime.memory import auto_budget, free_memory, planning_share
-        from srforge.train.step import StepSettings, probe_memory
+        from srforge.train.memory import probe_memory
 
-        layout = (tcfg["precision"], tcfg["channels_last"])
-        settings = StepSettings(device, *layout, mcfg["num_classes"], data["ignore_index"], tcfg["dice_weight"])
+        def loss(logits, mask):
+            return segmentation_loss(logits, mask, data["ignore_index"], tcfg["dice_weight"])
+
+        memory = probe_memory(model, device, tcfg["precision"], loss, channels_last=tcfg["channels_last"])
         share = planning_share(free_memory(device), device.type)
-        budget = auto_budget(probe_memory(model, settings), share, device.type, model.size_divisor)[0]
+        budget = auto_budget(memory, share, device.type, model.size_divisor)[0]
     count = max(1, budget // (height * width)) if budget else data["batch_size"]
     if tcfg["channels_last"]:
         model = model.to(memory_format=torch.channels_last)

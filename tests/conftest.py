@@ -12,6 +12,49 @@ from pathlib import Path
 import pytest
 from helpers import labels, rgb, write
 
+# The slow integration tests (torchrun, ONNX exports, compiles, the longest training runs and resumes): the fast loop
+# `pytest -m "not slow"` leaves them out, the README's test command (and .ci/run) runs them too. Marked here by test
+# function, measured with --durations: together they take about five sixths of the suite's time.
+SLOW = {
+    "tests/test_adapter_runs.py::test_an_adapter_exports_to_onnx_and_matches_onnxruntime",
+    "tests/test_adapter_runs.py::test_an_adapter_trains_from_yaml_and_resumes_to_the_same_bits",
+    "tests/test_adapter_runs.py::test_an_adapter_with_masked_norms_trains_under_torchrun",
+    "tests/test_bench_quality.py::test_quick_mode_trains_and_scores_every_recipe",
+    "tests/test_export.py::test_export_writes_a_dynamic_model_and_prints_the_check",
+    "tests/test_gpu_check.py::test_gpu_check_without_a_gpu_says_so_and_exits_2",
+    "tests/test_hooks.py::test_exact_resume_with_ema_a_user_hook_and_accumulation_mid_epoch",
+    "tests/test_host_syncs.py::test_at_most_one_device_read_per_training_step",
+    "tests/test_hostile.py::test_a_resumed_checkpoint_cannot_make_srforge_import_code",
+    "tests/test_hostile.py::test_mask_values_beyond_num_classes_are_a_message_naming_the_sample",
+    "tests/test_hostile.py::test_resuming_a_copied_run_writes_into_the_copy",
+    "tests/test_hostile_data.py::test_train_ends_with_status_2_and_the_sample_named",
+    "tests/test_memory.py::test_a_run_that_ran_out_of_memory_resumes_exactly",
+    "tests/test_memory.py::test_an_out_of_memory_batch_is_redone_in_parts_to_the_same_weights",
+    "tests/test_memory.py::test_checkpointing_composes_with_compile",
+    "tests/test_memory.py::test_checkpointing_gives_the_plain_steps_gradients",
+    "tests/test_memory.py::test_checkpointing_lowers_the_measured_bytes_per_pixel",
+    "tests/test_memory.py::test_out_of_memory_in_backward_leaves_no_trace_in_the_gradients",
+    "tests/test_memory.py::test_the_probe_measures_a_cost_per_pixel_and_leaves_the_model_as_it_was",
+    "tests/test_memory.py::test_the_run_goes_on_after_an_out_of_memory_step",
+    "tests/test_memory.py::test_two_ranks_agree_on_the_smallest_auto_budget_and_on_a_lowered_one",
+    "tests/test_predict.py::test_kill_then_rerun_completes_the_set",
+    "tests/test_predict.py::test_script_on_folder_zip_and_tar_equals_predict_scan_by_scan",
+    "tests/test_predict_hostile.py::test_a_full_disk_is_named_and_exit_1",
+    "tests/test_predict_hostile.py::test_an_input_that_is_not_a_file_or_folder_is_exit_2_at_once",
+    "tests/test_predict_pipeline.py::test_rerun_with_another_world_size_after_a_kill_completes_the_set",
+    "tests/test_predict_pipeline.py::test_two_processes_under_torchrun_give_the_masks_of_one_and_one_report",
+    "tests/test_predict_workflow.py::test_a_killed_predict_leaves_no_decoding_worker_behind",
+    "tests/test_predict_workflow.py::test_sigterm_and_ctrl_c_write_the_report_with_the_scans_not_reached_stopped",
+    "tests/test_train.py::test_compile_goes_inside_ddp_and_matches_eager_gradients",
+    "tests/test_train.py::test_ddp_survives_data_generation_longer_than_the_collective_timeout",
+    "tests/test_train.py::test_two_processes_with_torchrun_gloo",
+    "tests/test_train_workflow.py::test_a_second_ctrl_c_while_last_pt_is_written_waits_for_the_write",
+    "tests/test_train_workflow.py::test_an_interrupted_write_of_last_pt_says_what_last_pt_still_holds",
+    "tests/test_train_workflow.py::test_sigterm_mid_epoch_writes_last_pt_and_the_resumed_run_is_bit_identical",
+    "tests/test_unet.py::test_compiled_training_step_under_autocast_matches_eager",
+    "tests/test_unet.py::test_torch_compile_traces_one_graph_for_varying_sizes",
+}
+
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphans of this process's descendants are re-parented to it, not to init
 # How long a test's processes may take to end after it: a pool shutting down, a killed tree; a DataLoader gives its
 # workers torch's MP_STATUS_CHECK_INTERVAL (5 s) to end before it terminates them.
@@ -113,3 +156,13 @@ def folder(make_pair):
     for i, (h, w) in enumerate([(12, 20), (16, 9), (7, 30)]):
         root = make_pair(f"scan_{i}", rgb(h, w, i), labels(h, w, seed=i))
     return root
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a slow integration test, left out by -m 'not slow' (the fast loop)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.split("[")[0] in SLOW:
+            item.add_marker(pytest.mark.slow)

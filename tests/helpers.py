@@ -64,3 +64,37 @@ def odd_scans(folder: Path) -> dict[str, tuple[int, int]]:
     for i, (name, (h, w)) in enumerate(sizes.items()):
         write(folder / f"{name}.png", rgb(h, w, i))
     return sizes
+
+
+def stepping_trainer(run_dir: Path, dataset: str, *, num_classes: int = 2, fields=None, **train):
+    """A Trainer over a tiny test Dataset (``dataset``: its import path) whose optimizer is SGD(lr=1) at a constant
+    rate and no gradient clipping, so that one update's weights are the start less its gradient: for tests that
+    drive :meth:`Trainer.run_step` over batches of their own."""
+    from srforge.config import resolve
+    from srforge.runtime.distributed import environment
+    from srforge.train import Trainer
+
+    cfg = resolve(
+        {
+            "run": {"dir": str(run_dir), "seed": 0},
+            "data": {
+                "dataset": {"class": dataset, "args": {}},
+                "batch_size": 3,
+                **({"fields": fields} if fields else {}),
+            },
+            "model": {"base_channels": 4, "depth": 2, "num_classes": num_classes},
+            "train": {"grad_clip": None, **train},
+        }
+    )
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(cfg, environment(), Path(run_dir))
+    trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
+    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda s: 1.0)
+    return trainer
+
+
+def run_pass(trainer, batches) -> None:
+    """Every optimizer update of ``trainer`` over ``batches`` (collated), as an epoch's training pass runs them."""
+    it = iter(batches)
+    while trainer.run_step(it):
+        pass

@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import run_pass, stepping_trainer
 from test_train import tiny_config
 from torch.utils.data import Dataset
 
@@ -22,12 +23,10 @@ from srforge.models import UNet
 from srforge.runtime.checkpoint import load_checkpoint
 from srforge.runtime.distributed import Processes
 from srforge.runtime.memory import StepMemory
-from srforge.train import loop as train_loop
+from srforge.train import memory as train_memory
 from srforge.train import train
-from srforge.train.build import Data, build_loaders
-from srforge.train.loop import crop_training_scans
+from srforge.train.build import Data, build_loaders, crop_training_scans
 from srforge.train.losses import segmentation_loss
-from srforge.train.step import Progress, StepSettings, train_epoch
 
 CPU = torch.device("cpu")
 
@@ -58,22 +57,21 @@ def _batches(sizes_per_batch):
     return batches
 
 
-def _update(batches, accumulate, dice=0.0):
-    """Weights of a fresh UNet after one SGD(lr=1) pass over ``batches``: weights - the update's gradient."""
+def _update(tmp_path, batches, accumulate, dice=0.0):
+    """The trainer (its weights from seed 0) after one SGD(lr=1) pass over ``batches``: weights - the gradient."""
+    trainer = stepping_trainer(
+        tmp_path / f"run{accumulate}{dice}", "test_accumulate_crop:PatchyStrips", num_classes=3,
+        accumulate=accumulate, dice_weight=dice,
+    )  # fmt: skip
     torch.manual_seed(0)
-    model = UNet(num_classes=3, base_channels=4, depth=2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    settings = StepSettings(CPU, "fp32", False, 3, 255, dice, accumulate=accumulate)
-    progress = Progress()
-    train_epoch(model, batches, optimizer, scheduler, scaler, progress, settings)
-    return model, progress
+    trainer.model.load_state_dict(UNet(num_classes=3, base_channels=4, depth=2).state_dict())
+    run_pass(trainer, batches)
+    return trainer.model, trainer
 
 
-def test_accumulated_batches_equal_one_batch_of_them_all():
-    one, progress_one = _update(_batches([6]), accumulate=1)
-    three, progress_three = _update(_batches([2, 2, 2]), accumulate=3)
+def test_accumulated_batches_equal_one_batch_of_them_all(tmp_path):
+    one, progress_one = _update(tmp_path, _batches([6]), accumulate=1)
+    three, progress_three = _update(tmp_path, _batches([2, 2, 2]), accumulate=3)
     assert (progress_one.step, progress_three.step) == (1, 1) and progress_three.batches_done == 3
     worst = max((a - b).abs().max().item() for a, b in zip(one.parameters(), three.parameters()))
     assert worst <= 1e-6, worst
@@ -88,11 +86,11 @@ def test_accumulated_batches_equal_one_batch_of_them_all():
     assert max((a - b).abs().max().item() for a, b in zip(one.parameters(), naive.parameters())) > 1e-4
 
 
-def test_an_epoch_ends_with_a_shorter_update_and_dice_is_weighted_by_valid_pixels():
-    model, progress = _update(_batches([2, 2, 2]), accumulate=2)  # updates of 2 batches, then of 1
+def test_an_epoch_ends_with_a_shorter_update_and_dice_is_weighted_by_valid_pixels(tmp_path):
+    model, progress = _update(tmp_path, _batches([2, 2, 2]), accumulate=2)  # updates of 2 batches, then of 1
     assert (progress.step, progress.batches_done) == (2, 3)
-    one, _ = _update(_batches([6]), accumulate=1, dice=1.0)
-    three, _ = _update(_batches([2, 2, 2]), accumulate=3, dice=1.0)
+    one, _ = _update(tmp_path, _batches([6]), accumulate=1, dice=1.0)
+    three, _ = _update(tmp_path, _batches([2, 2, 2]), accumulate=3, dice=1.0)
     # Dice is a ratio over the batch: the valid-pixel-weighted mean of the parts' Dice is close, not equal.
     worst = max((a - b).abs().max().item() for a, b in zip(one.parameters(), three.parameters()))
     assert worst < 0.05
@@ -113,7 +111,7 @@ def test_accumulation_resumes_exactly_and_the_schedule_counts_updates(tmp_path):
 
 
 def test_a_ctrl_c_inside_an_update_saves_its_start_and_the_resumed_run_redoes_it(tmp_path, monkeypatch):
-    import srforge.train.step as trainer
+    import srforge.train.trainer as trainer
 
     train(tiny_config(tmp_path / "straight", accumulate=2))
     real_loss, calls = trainer.segmentation_loss, []
@@ -215,7 +213,7 @@ def test_training_with_crops_runs_and_crops_only_training_scans(tmp_path, monkey
         return real(self, image, sizes)
 
     monkeypatch.setattr(UNet, "forward", forward)
-    monkeypatch.setattr(train_loop, "probe_memory", lambda model, settings: StepMemory(500.0, 0.0, "cpu", "fp32"))
+    monkeypatch.setattr(train_memory, "probe_memory", lambda *args, **kw: StepMemory(500.0, 0.0, "cpu", "fp32"))
     cfg = tiny_config(tmp_path / "run", epochs=1)
     cfg["data"]["crop"] = [12, 40]  # depth 2: multiples of 4 -> (12, 40)
     train(cfg)

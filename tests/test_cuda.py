@@ -19,7 +19,7 @@ from srforge.data.datasets import SegmentationFolder  # noqa: E402
 from srforge.models import masked_group_norm  # noqa: E402
 from srforge.predict.predictor import Predictor  # noqa: E402
 from srforge.runtime.checkpoint import load_checkpoint  # noqa: E402
-from srforge.train.loop import train  # noqa: E402
+from srforge.train import train  # noqa: E402
 
 CUDA = torch.device("cuda")
 

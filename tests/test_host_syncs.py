@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from srforge.config import resolve
-from srforge.train.loop import train
+from srforge.train import train
 
 sync_counter = pytest.importorskip("sync_counter", reason="tests/sync_counter.py comes with the host-only size check")
 if not hasattr(__import__("srforge.models.unet", fromlist=["x"]), "sizes_readable"):

@@ -19,7 +19,7 @@ from srforge.cli import main_train
 from srforge.config import resolve
 from srforge.config.trust import untrusted_imports
 from srforge.runtime.checkpoint import load_checkpoint
-from srforge.train.loop import train
+from srforge.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]

@@ -31,7 +31,7 @@ def _counts(image: Image.Image, box) -> dict[str, int]:
 
 
 def _trainer_batches(sizes, seed=0, val_fraction=0.25, **sampler_args):
-    """The epoch-0 batches of (H, W) sizes, built as srforge.train.loop builds them."""
+    """The epoch-0 batches of (H, W) sizes, built as srforge.train.trainer builds them."""
     train, _ = size_stratified_split(sizes, val_fraction, seed=seed)
     train_sizes = [sizes[i] for i in train]
     sampler = SizeGroupedBatchSampler(train_sizes, divisor=8, shuffle=True, seed=seed, **sampler_args)

@@ -9,18 +9,22 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from helpers import run_pass, stepping_trainer
 from test_train import ROOT, TinyStrips, tiny_config, torchrun_two
 from torch.utils.data import DataLoader
 
 from srforge.config import ConfigError, resolve
+from srforge.constants import CPU_PIXELS
 from srforge.data.adapter import FieldView
 from srforge.data.collate import AlignedCollate
 from srforge.models import UNet
 from srforge.runtime import memory as mem
 from srforge.runtime.checkpoint import load_checkpoint
-from srforge.train import loop as train_loop
+from srforge.train import memory as train_memory
 from srforge.train import train
-from srforge.train.step import Budget, Progress, ScanTooLargeError, StepSettings, probe_memory, train_epoch
+from srforge.train.build import set_checkpointing
+from srforge.train.losses import segmentation_loss
+from srforge.train.memory import PixelBudget, ScanTooLargeError, probe_memory
 
 CPU = torch.device("cpu")
 FIELDS = {"image": "scan", "mask": "labels", "name": "id"}
@@ -62,7 +66,7 @@ def test_step_memory_arithmetic_and_the_auto_budget_on_a_simulated_80_gb_card(mo
     assert budget == mem.MAX_CUDA_PIXELS and capacity == 6_000_000_000
     # The CPU: half the available RAM, at most 2**22.
     assert mem.auto_budget(memory, mem.planning_share(8 * 10**9, "cpu"), "cpu", 32) == (1_000_000, 1_000_000)
-    assert mem.auto_budget(memory, mem.planning_share(10**12, "cpu"), "cpu", 32)[0] == mem.MAX_CPU_PIXELS
+    assert mem.auto_budget(memory, mem.planning_share(10**12, "cpu"), "cpu", 32)[0] == CPU_PIXELS
 
 
 def test_processes_on_one_device_share_it(monkeypatch):
@@ -79,9 +83,8 @@ def test_out_of_memory_errors_are_recognised():
     assert not mem.is_out_of_memory(RuntimeError("shape mismatch"))
 
 
-def _settings(**kw):
-    base = dict(device=CPU, precision="fp32", channels_last=False, num_classes=2, ignore_index=255, dice_weight=0.0)
-    return StepSettings(**{**base, **kw})
+def _loss(dice=0.0):
+    return lambda logits, mask: segmentation_loss(logits, mask, 255, dice_weight=dice)
 
 
 def test_the_probe_measures_a_cost_per_pixel_and_leaves_the_model_as_it_was():
@@ -89,7 +92,7 @@ def test_the_probe_measures_a_cost_per_pixel_and_leaves_the_model_as_it_was():
     model = UNet(base_channels=8, depth=4)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    memory = probe_memory(model, _settings(dice_weight=1.0))
+    memory = probe_memory(model, CPU, "fp32", _loss(1.0))
     assert memory.device == "cpu" and memory.precision == "fp32" and not memory.checkpointing
     # Forward + backward keep several base-channel float32 maps per pixel: hundreds of bytes, not a few.
     assert 200 < memory.bytes_per_pixel < 5000
@@ -147,9 +150,9 @@ def test_checkpointing_composes_with_compile():
 
 def test_checkpointing_lowers_the_measured_bytes_per_pixel():
     model = UNet(base_channels=8, depth=5)
-    plain = probe_memory(model, _settings())
+    plain = probe_memory(model, CPU, "fp32", _loss())
     model.checkpointing = True
-    checkpointed = probe_memory(model, _settings())
+    checkpointed = probe_memory(model, CPU, "fp32", _loss())
     assert checkpointed.checkpointing and checkpointed.bytes_per_pixel * 1.8 < plain.bytes_per_pixel
 
 
@@ -159,7 +162,7 @@ def test_model_checkpointing_in_a_config_trains_and_a_model_without_it_is_refuse
     assert train(cfg)["epoch"] == 1
     assert "in fp32, checkpointing" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="model.checkpointing: Conv2d has no checkpointing attribute"):
-        train_loop.set_checkpointing(torch.nn.Conv2d(3, 2, 1), True)
+        set_checkpointing(torch.nn.Conv2d(3, 2, 1), True)
 
 
 # -- data.max_pixels: auto ------------------------------------------------------------------------------------------
@@ -174,8 +177,8 @@ def test_auto_budget_from_a_simulated_free_memory_drives_the_batches(tmp_path, m
     """The probe and the free memory simulated: 2 KB a pixel, 30 MB fixed, 70 MB of RAM available -> half of it,
     less the fixed part, over 2 KB: 2,500 px per batch (the scans here hold 240-1,344 px when padded)."""
     memory = mem.StepMemory(2000.0, 30e6, "cpu", "fp32")
-    monkeypatch.setattr(train_loop, "probe_memory", lambda model, settings: memory)
-    monkeypatch.setattr(train_loop, "free_memory", lambda device: 70 * 10**6)
+    monkeypatch.setattr(train_memory, "probe_memory", lambda *args, **kw: memory)
+    monkeypatch.setattr(train_memory, "free_memory", lambda device: 70 * 10**6)
     train(_auto_config(tmp_path / "run"))
     out = capsys.readouterr().out
     assert "srforge: memory: 2.00 KB per padded pixel in fp32, 0.03 GB fixed; 0.1 GB of RAM available on cpu; " in out
@@ -187,8 +190,8 @@ def test_auto_budget_from_a_simulated_free_memory_drives_the_batches(tmp_path, m
 
 def test_a_scan_that_cannot_fit_alone_is_named_before_training(tmp_path, monkeypatch):
     """Room for 1,000 px: the scans of 1,232 px padded (16 x 77 true) cannot train, even alone."""
-    monkeypatch.setattr(train_loop, "probe_memory", lambda model, settings: mem.StepMemory(2000.0, 0.0, "cpu", "fp32"))
-    monkeypatch.setattr(train_loop, "free_memory", lambda device: 4 * 10**6)
+    monkeypatch.setattr(train_memory, "probe_memory", lambda *args, **kw: mem.StepMemory(2000.0, 0.0, "cpu", "fp32"))
+    monkeypatch.setattr(train_memory, "free_memory", lambda device: 4 * 10**6)
     with pytest.raises(ConfigError) as caught:
         train(_auto_config(tmp_path / "run"))
     message = str(caught.value)
@@ -202,14 +205,14 @@ def test_a_scan_that_cannot_fit_alone_is_named_before_training(tmp_path, monkeyp
 AGREE = """
 import os, sys
 import torch
-import srforge.train.loop as loop
+import srforge.train.memory as loop
 from srforge.models import UNet
 from srforge.runtime.memory import StepMemory
 
 rank = int(os.environ["RANK"])
 # Rank 0 has 400 MB of RAM available, rank 1 only 240 MB: both must use rank 1's budget.
 loop.free_memory = lambda device: (400 if rank == 0 else 240) * 10**6
-loop.probe_memory = lambda model, settings: StepMemory(2000.0, 0.0, "cpu", "fp32")
+loop.probe_memory = lambda *args, **kw: StepMemory(2000.0, 0.0, "cpu", "fp32")
 real_forward, hit = UNet.forward, []
 
 
@@ -263,17 +266,24 @@ def _strips_loader(n=3, batch_size=3):
     return DataLoader(view, batch_size=batch_size, collate_fn=AlignedCollate(4, pad={"image": 0, "mask": 255}))
 
 
-def _one_epoch(model, loader, settings):
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    return train_epoch(model, loader, optimizer, scheduler, scaler, Progress(), settings)
-
-
-def _run_with(monkeypatch, fail, settings, n=3, batch_size=3):
-    """Weights after one SGD epoch of a fresh UNet, with ``fail(image, calls)`` deciding when forward raises."""
+def _trainer(tmp_path, budget=None, **train_keys):
+    """A Trainer over TinyStrips whose pass starts from the UNet of seed 0 (SGD, lr 1), with a pixel budget."""
+    trainer = stepping_trainer(tmp_path / "run", "test_train:TinyStrips", fields=FIELDS, **train_keys)
     torch.manual_seed(0)
-    model = UNet(base_channels=4, depth=2)
+    trainer.model.load_state_dict(UNet(base_channels=4, depth=2).state_dict())
+    trainer.budget = PixelBudget(budget)
+    return trainer
+
+
+def _one_epoch(trainer, loader):
+    trainer.start_pass()
+    run_pass(trainer, loader)
+    return trainer.totals
+
+
+def _run_with(monkeypatch, fail, trainer, n=3, batch_size=3):
+    """Weights after one SGD epoch of ``trainer``, with ``fail(image, calls)`` deciding when forward raises."""
+    model = trainer.model
     real, calls = UNet.forward, []
 
     def forward(self, image, sizes=None):
@@ -283,17 +293,19 @@ def _run_with(monkeypatch, fail, settings, n=3, batch_size=3):
         return real(self, image, sizes)
 
     monkeypatch.setattr(UNet, "forward", forward)
-    totals, _, _ = _one_epoch(model, _strips_loader(n, batch_size), settings)
+    totals = _one_epoch(trainer, _strips_loader(n, batch_size))
     monkeypatch.setattr(UNet, "forward", real)
     return model, calls, totals
 
 
 @pytest.mark.parametrize("dice", [0.0, 0.5])
-def test_an_out_of_memory_batch_is_redone_in_parts_to_the_same_weights(monkeypatch, capsys, dice):
-    plain, _, plain_totals = _run_with(monkeypatch, lambda image, calls: False, _settings(dice_weight=dice))
-    settings = _settings(dice_weight=dice)
+def test_an_out_of_memory_batch_is_redone_in_parts_to_the_same_weights(tmp_path, monkeypatch, capsys, dice):
+    plain, _, plain_totals = _run_with(
+        monkeypatch, lambda image, calls: False, _trainer(tmp_path / "a", dice_weight=dice)
+    )
+    trainer = _trainer(tmp_path / "b", dice_weight=dice)
     once = lambda image, calls: image.shape[0] > 1 and len(calls) == 1  # noqa: E731
-    split, calls, totals = _run_with(monkeypatch, once, settings)
+    split, calls, totals = _run_with(monkeypatch, once, trainer)
     assert calls == [3, 1, 2]  # the whole batch failed; halves of 1 and 2 scans
     worst = max((a - b).abs().max().item() for a, b in zip(plain.parameters(), split.parameters()))
     if dice == 0.0:  # cross-entropy: the same update up to float rounding
@@ -301,19 +313,18 @@ def test_an_out_of_memory_batch_is_redone_in_parts_to_the_same_weights(monkeypat
         assert abs(float(totals[0]) - float(plain_totals[0])) < 1e-6
     else:  # Dice is a ratio over the batch: the parts' Dice weighted by their valid pixels is close, not equal
         assert worst < 0.05
-    assert settings.budget.pixels == 2 * 16 * 36 and settings.budget.events == 1  # the largest part that fit
+    assert trainer.budget.pixels == 2 * 16 * 36 and trainer.budget.events == 1  # the largest part that fit
     out = capsys.readouterr().out
     assert "out of memory at step 1 (epoch 1) on 1,728 px of a batch of 3 scans padded to 16 x 36" in out
     assert "lowered from none (data.batch_size) to 1,152 px" in out
 
 
-def test_out_of_memory_in_backward_leaves_no_trace_in_the_gradients(monkeypatch):
+def test_out_of_memory_in_backward_leaves_no_trace_in_the_gradients(tmp_path, monkeypatch):
     """Two batches accumulated into one update; the second runs out of memory halfway through its backward (after
     the head's and the decoder's gradients were added): the update equals the one without the failure."""
-    plain, _, _ = _run_with(monkeypatch, lambda image, calls: False, _settings(accumulate=2), n=4, batch_size=2)
-    torch.manual_seed(0)
-    model = UNet(base_channels=4, depth=2)
-    failed = []
+    plain, _, _ = _run_with(monkeypatch, lambda image, calls: False, _trainer(tmp_path / "a", accumulate=2), 4, 2)
+    trainer = _trainer(tmp_path / "b", accumulate=2)
+    model, failed = trainer.model, []
 
     def hook(module, inputs, output):
         if output.requires_grad and not failed and model.calls == 2:  # the second batch, whole
@@ -327,21 +338,21 @@ def test_out_of_memory_in_backward_leaves_no_trace_in_the_gradients(monkeypatch)
     model.calls = 0
     model.register_forward_pre_hook(lambda module, args: setattr(module, "calls", module.calls + 1))
     model.down[0].register_forward_hook(hook)
-    _one_epoch(model, _strips_loader(4, batch_size=2), _settings(accumulate=2))
+    _one_epoch(trainer, _strips_loader(4, batch_size=2))
     assert failed == [1]
     worst = max((a - b).abs().max().item() for a, b in zip(plain.parameters(), model.parameters()))
     assert worst <= 1e-6, worst
 
 
-def test_a_scan_that_fails_alone_ends_the_run_naming_it(monkeypatch):
+def test_a_scan_that_fails_alone_ends_the_run_naming_it(tmp_path, monkeypatch):
     always = lambda image, calls: True  # noqa: E731
     with pytest.raises(ScanTooLargeError, match=r"scan 'strip_000' \(12 x 20 px, padded to 16 x 36 = 576 px\)"):
-        _run_with(monkeypatch, always, _settings())
+        _run_with(monkeypatch, always, _trainer(tmp_path))
 
 
-def test_a_lowered_budget_splits_later_batches_without_trying_them_whole(monkeypatch):
-    settings = _settings(budget=Budget(pixels=900))  # 16 x 36 = 576 px a scan: one scan a part
-    _, calls, _ = _run_with(monkeypatch, lambda image, calls: False, settings)
+def test_a_lowered_budget_splits_later_batches_without_trying_them_whole(tmp_path, monkeypatch):
+    trainer = _trainer(tmp_path, budget=900)  # 16 x 36 = 576 px a scan: one scan a part
+    _, calls, _ = _run_with(monkeypatch, lambda image, calls: False, trainer)
     assert calls == [1, 1, 1]
 
 
@@ -367,13 +378,19 @@ def test_the_run_goes_on_after_an_out_of_memory_step(tmp_path, monkeypatch):
 def test_resume_keeps_the_checkpoints_budgets(tmp_path, monkeypatch):
     """A run whose budget was lowered resumes with it (exact resume needs the same batches), and auto budgets that
     differ a little from start to start keep the saved one; a much smaller device lowers it."""
-    from srforge.train.state import resumed_budgets
+    from types import SimpleNamespace
 
-    ckpt = {"memory": {"sampler_max_pixels": 10_000, "step_max_pixels": 6_000}}
-    assert resumed_budgets(ckpt, 9_500) == (10_000, 6_000)  # within 10%: the saved budgets
-    assert resumed_budgets(ckpt, 5_000) == (5_000, 5_000)  # a smaller device
-    assert resumed_budgets(ckpt, None) == (None, 6_000)  # data.batch_size: parts of at most 6,000 px
-    assert resumed_budgets({}, 7_000) == (7_000, 7_000)  # a checkpoint from before the budgets
+    def resumed(saved, resolved):
+        sampler = SimpleNamespace(max_pixels=resolved)
+        budget = PixelBudget(resolved, sampler)
+        budget.load_state_dict(saved)
+        return sampler.max_pixels, budget.pixels
+
+    saved = {"sampler_max_pixels": 10_000, "step_max_pixels": 6_000}
+    assert resumed(saved, 9_500) == (10_000, 6_000)  # within 10%: the saved budgets
+    assert resumed(saved, 5_000) == (5_000, 5_000)  # a smaller device
+    assert resumed(saved, None) == (None, 6_000)  # data.batch_size: parts of at most 6,000 px
+    assert resumed({}, 7_000) == (7_000, 7_000)  # a checkpoint from before the budgets
     cfg = tiny_config(tmp_path / "run", epochs=2, stop_after=1)
     cfg["data"]["batch_size"], cfg["data"]["max_pixels"] = None, 3000
     train(cfg)
@@ -404,7 +421,7 @@ def test_a_scan_too_large_mid_run_ends_it_naming_the_scan_with_last_pt_written(t
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(self, image, sizes)
 
-    monkeypatch.setattr(train_loop, "probe_memory", lambda model, settings: mem.StepMemory(500.0, 0.0, "cpu", "fp32"))
+    monkeypatch.setattr(train_memory, "probe_memory", lambda *args, **kw: mem.StepMemory(500.0, 0.0, "cpu", "fp32"))
     monkeypatch.setattr(UNet, "forward", forward)
     named = r"scan 'strip_\d+' \(\d+ x \d+ px, padded to .* even as a batch of its own"
     with pytest.raises(ScanTooLargeError, match=named) as caught:
@@ -418,9 +435,9 @@ def test_a_run_that_ran_out_of_memory_resumes_exactly(tmp_path, monkeypatch):
     """Out of memory inside epoch 2 lowers the budget; a Ctrl-C at its fourth update writes last.pt; the resumed
     run cuts epoch 2 as it was cut at its start (not by the lowered budget), splits its batches as the lowered
     budget says, lowers the sampler's budget from epoch 3 on, and ends with the straight run's bits."""
-    import srforge.train.step as trainer
+    from srforge.train.trainer import Trainer
 
-    real_forward, real_finish = UNet.forward, trainer.finish_update
+    real_forward, real_finish = UNet.forward, Trainer.finish_update
 
     def run(name, interrupt):
         armed = []
@@ -431,22 +448,22 @@ def test_a_run_that_ran_out_of_memory_resumes_exactly(tmp_path, monkeypatch):
                 raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
             return real_forward(self, image, sizes)
 
-        def finish(pass_, update):
-            if pass_.epoch == 1 and not armed:
+        def finish(trainer, update):
+            if trainer.epoch == 1 and not armed:
                 armed.append(1)  # the next batch of several scans runs out of memory
-            if interrupt and pass_.epoch == 1 and pass_.progress.batches_done == 3:
+            if interrupt and trainer.epoch == 1 and trainer.batches_done == 3:
                 raise KeyboardInterrupt
-            real_finish(pass_, update)
+            real_finish(trainer, update)
 
         monkeypatch.setattr(UNet, "forward", forward)
-        monkeypatch.setattr(trainer, "finish_update", finish)
+        monkeypatch.setattr(Trainer, "finish_update", finish)
         cfg = tiny_config(tmp_path / name, epochs=3)
         cfg["data"]["batch_size"], cfg["data"]["max_pixels"] = None, 3000
         try:
             train(cfg)
         finally:
             monkeypatch.setattr(UNet, "forward", real_forward)
-            monkeypatch.setattr(trainer, "finish_update", real_finish)
+            monkeypatch.setattr(Trainer, "finish_update", real_finish)
         return cfg
 
     run("straight", interrupt=False)

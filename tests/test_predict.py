@@ -22,7 +22,7 @@ from srforge.config import resolve
 from srforge.data.images import read_image
 from srforge.predict.predictor import Predictor
 from srforge.predict.tiling import tile_spans
-from srforge.train.loop import train
+from srforge.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 PREDICT = [sys.executable, str(ROOT / "scripts" / "predict.py")]

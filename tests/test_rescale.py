@@ -26,8 +26,7 @@ from srforge.data.rescale import (
 )
 from srforge.data.sampling import SizeGroupedBatchSampler, aligned_sizes, training_sampler
 from srforge.runtime.distributed import Processes
-from srforge.train.build import Data, build_data, build_loaders, training_epoch_sizes
-from srforge.train.loop import crop_training_scans
+from srforge.train.build import Data, build_data, build_loaders, crop_training_scans, training_epoch_sizes
 
 CPU = torch.device("cpu")
 

@@ -98,7 +98,7 @@ def test_exact_resume_gives_bit_identical_weights(tmp_path):
 
 
 def test_resume_after_an_interrupt_mid_epoch_is_exact_too(tmp_path, monkeypatch):
-    import srforge.train.step as trainer  # the training and validation passes live in epoch.py
+    import srforge.train.trainer as trainer
 
     train(tiny_config(tmp_path / "straight"))
     real_loss, calls = trainer.segmentation_loss, []

@@ -12,11 +12,11 @@ import torch
 import yaml
 from test_train import TinyStrips, tiny_config
 
-import srforge.train.state as trainer
+import srforge.train.hooks as trainer
 from srforge.atomic import DiskFullError
 from srforge.cli import main_train
 from srforge.runtime.checkpoint import load_checkpoint
-from srforge.train.loop import train
+from srforge.train import train
 
 
 @contextlib.contextmanager

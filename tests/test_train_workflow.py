@@ -17,8 +17,8 @@ import yaml
 from test_train import ROOT, TRAIN, TinyStrips, tiny_config
 from torch.utils.data import get_worker_info
 
-import srforge.train.state as state_module
-import srforge.train.step as step_module
+import srforge.train.hooks as state_module
+import srforge.train.trainer as step_module
 from srforge.cli import main_train
 from srforge.runtime.checkpoint import load_checkpoint
 from srforge.train import RunExistsError, train

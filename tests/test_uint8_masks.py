@@ -9,12 +9,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.pin_memory import pin_memory
 
-import srforge.train.step as epoch
+import srforge.train.trainer as epoch
 from srforge.config import resolve
 from srforge.data.adapter import FieldView
 from srforge.data.augment import build_augmentation
 from srforge.data.collate import AlignedCollate
-from srforge.train.loop import train
+from srforge.train import train
 
 EVERY_STEP = {
     "hflip": 1.0,
@@ -72,17 +72,17 @@ def test_more_than_255_classes_keep_int64():
 
 def test_the_trainer_moves_uint8_and_the_loss_sees_int64(tmp_path, monkeypatch):
     seen_batches, seen_targets = [], []
-    real_to_device, real_loss = epoch.to_device, epoch.segmentation_loss
+    real_to_device, real_loss = epoch.Trainer.to_device, epoch.segmentation_loss
 
-    def to_device(batch, *args):
+    def to_device(self, batch):
         seen_batches.append(batch.mask.dtype)
-        return real_to_device(batch, *args)
+        return real_to_device(self, batch)
 
-    def loss(logits, target, *args):
+    def loss(logits, target, *args, **kwargs):
         seen_targets.append(target.dtype)
-        return real_loss(logits, target, *args)
+        return real_loss(logits, target, *args, **kwargs)
 
-    monkeypatch.setattr(epoch, "to_device", to_device)
+    monkeypatch.setattr(epoch.Trainer, "to_device", to_device)
     monkeypatch.setattr(epoch, "segmentation_loss", loss)
     cfg = resolve(
         {

@@ -35,7 +35,7 @@ exit status: 0 every scan ok or skipped; 1 some scan failed or was rejected, --s
              not reached marked stopped."""
 
 
-def _int_at_least(minimum: int, also: tuple[str, ...] = ()):
+def int_at_least(minimum: int, also: tuple[str, ...] = ()):
     """An argparse type: an int >= minimum (or one of ``also``), else an error that names the option."""
 
     def parse(text: str):
@@ -53,11 +53,59 @@ def _int_at_least(minimum: int, also: tuple[str, ...] = ()):
     return parse
 
 
-def _parser() -> argparse.ArgumentParser:
-    from srforge.cli.export import add_allow_model
-    from srforge.predict.background import default_workers
-    from srforge.predict.predictor import DEFAULT_CPU_PIXELS
+def add_tta(parser: argparse.ArgumentParser) -> None:
+    """--tta none|flip, as srforge-predict and srforge-evaluate take it."""
+    from srforge.predict.tta import TTA_MODES
 
+    parser.add_argument(
+        "--tta",
+        choices=TTA_MODES,
+        default="none",
+        help="test-time augmentation: flip averages the probabilities of the scan and its left-right, upside-down "
+        "and doubly mirrored images (4 forward passes; default none)",
+    )
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """How a checkpoint predicts, as srforge-predict and srforge-evaluate take it: --device, --precision,
+    --max-pixels, --max-batch, --tile-overlap, --workers, --tta, --allow-model (read by :func:`open_predictor`)."""
+    from srforge.cli.export import add_allow_model
+    from srforge.constants import CPU_PIXELS
+    from srforge.predict.background import default_workers
+
+    parser.add_argument(
+        "--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ... (default auto)"
+    )
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="autocast dtype (default fp32)")
+    parser.add_argument(
+        "--max-pixels",
+        type=int_at_least(1),
+        default=None,
+        help=f"padded pixels per batch; larger scans are tiled (default {CPU_PIXELS:,} on CPU; on CUDA "
+        "half the free memory, shared by the processes on the GPU, over the model's bytes per pixel, measured at "
+        "start, at most 2**27)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int_at_least(0, ("auto",)),
+        default="auto",
+        help="scans per batch at most, 0 for no cap (default auto: 1 on CPU, where batching is slower; none on CUDA)",
+    )
+    parser.add_argument(
+        "--tile-overlap", type=int_at_least(0), default=None, help="overlap of tiles in px (default 4 x size divisor)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int_at_least(0),
+        default=None,
+        help=f"background processes decoding scans; 0 decodes in this process (default {default_workers()}: "
+        "this process's share of the CPUs less one, at most 8)",
+    )
+    add_tta(parser)
+    add_allow_model(parser)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=main_predict.__doc__,
@@ -67,63 +115,41 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", required=True, help="checkpoint written by srforge-train (last.pt, best.pt)")
     parser.add_argument("--input", required=True, help="folder (searched recursively), .zip, .tar or .tar.gz of scans")
     parser.add_argument("--output", required=True, help="folder for masks/, overlays/, probabilities/, report.*")
-    parser.add_argument(
-        "--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ... (default auto)"
-    )
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="autocast dtype (default fp32)")
-    parser.add_argument(
-        "--max-pixels",
-        type=_int_at_least(1),
-        default=None,
-        help=f"padded pixels per batch; larger scans are tiled (default {DEFAULT_CPU_PIXELS:,} on CPU; on CUDA "
-        "half the free memory, shared by the processes on the GPU, over the model's bytes per pixel, measured at "
-        "start, at most 2**27)",
-    )
-    parser.add_argument(
-        "--max-batch",
-        type=_int_at_least(0, ("auto",)),
-        default="auto",
-        help="scans per batch at most, 0 for no cap (default auto: 1 on CPU, where batching is slower; none on CUDA)",
-    )
-    parser.add_argument(
-        "--tile-overlap", type=_int_at_least(0), default=None, help="overlap of tiles in px (default 4 x size divisor)"
-    )
-    parser.add_argument(
-        "--workers",
-        type=_int_at_least(0),
-        default=None,
-        help=f"background processes decoding scans; 0 decodes in this process (default {default_workers()}: "
-        "this process's share of the CPUs less one, at most 8)",
-    )
+    add_model_options(parser)
     parser.add_argument("--overlay", action="store_true", help="also write overlays/")
     parser.add_argument("--probabilities", action="store_true", help="also write probabilities/ (float16 .npy)")
     parser.add_argument("--overwrite", action="store_true", help="predict again scans whose outputs exist")
     parser.add_argument("--strict", action="store_true", help="stop at the first failed or rejected scan")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_allow_model(parser)
     return parser
 
 
-def _open(args):
-    """(Predictor, ScanArchive) for the parsed arguments, after checking the input and output folders."""
-    from srforge.data.archive import ScanArchive
+def open_predictor(args, checkpoint):
+    """The Predictor of ``checkpoint`` with the options :func:`add_model_options` added to ``args``."""
     from srforge.predict import Predictor
-    from srforge.predict.folders import check_input, check_output
     from srforge.runtime.distributed import rank_device
 
-    source, output = Path(args.input), Path(args.output)
-    check_input(source)
-    check_output(output, source)
-    predictor = Predictor.from_checkpoint(
-        args.checkpoint,
+    return Predictor.from_checkpoint(
+        checkpoint,
         allow_model=args.allow_model,
         device=rank_device(args.device),
         precision=args.precision,
         max_pixels=args.max_pixels,
         overlap=args.tile_overlap,
         max_batch=args.max_batch,
+        tta=args.tta,
     )
-    return predictor, ScanArchive(source)
+
+
+def _open(args):
+    """(Predictor, ScanArchive) for the parsed arguments, after checking the input and output folders."""
+    from srforge.data.archive import ScanArchive
+    from srforge.predict.folders import check_input, check_output
+
+    source, output = Path(args.input), Path(args.output)
+    check_input(source)
+    check_output(output, source)
+    return open_predictor(args, args.checkpoint), ScanArchive(source)
 
 
 def _print_summary(summary: dict, output: Path) -> None:

@@ -110,10 +110,10 @@ def _names_this_process(path: Path) -> bool:
 REPORT_STARTS = {"report.json": b'{\n "summary": {', "report.csv": b"name,status,"}
 
 
-def check_reports(out_dir: Path) -> None:
-    """OutputError when ``out_dir`` holds a report.json or report.csv that is not srforge's report (someone else's
-    file of that name): the run would write over it."""
-    for name, start in REPORT_STARTS.items():
+def check_reports(out_dir: Path, starts: dict[str, bytes] = REPORT_STARTS) -> None:
+    """OutputError when ``out_dir`` holds a file named in ``starts`` (default: report.json, report.csv) that does
+    not begin as srforge writes it (someone else's file of that name): the run would write over it."""
+    for name, start in starts.items():
         try:
             with open(out_dir / name, "rb") as f:
                 found = f.read(len(start))

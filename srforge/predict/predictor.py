@@ -26,20 +26,20 @@ import torch
 
 from srforge.config import import_object
 from srforge.config.trust import check_checkpoint_model
-from srforge.constants import PRECISIONS
+from srforge.constants import CPU_PIXELS, PRECISIONS
 from srforge.data.collate import AlignedCollate
 from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.geometry import aligned_size
 from srforge.models.class_map import class_map
 from srforge.models.contract import check_attributes, with_sizes
 from srforge.predict.tiling import predict_tiled, tile_grid, tile_shape
+from srforge.predict.tta import flip_probabilities, tta_mode
 from srforge.runtime.checkpoint import class_names_or_default, load_checkpoint, model_from_checkpoint
 from srforge.runtime.device import autocast, resolve_device
 from srforge.runtime.memory import cuda_pixel_budget, is_out_of_memory, processes_per_device
 
-# Padded pixels per batch on the CPU (a full-scale 640 x 6,400 scan fits; wider ones are tiled). On CUDA the
-# default comes from the device: half its free memory over the model's measured bytes per pixel.
-DEFAULT_CPU_PIXELS = 2**22
+# Padded pixels per batch on the CPU: srforge.constants.CPU_PIXELS (a full-scale 640 x 6,400 scan fits; wider ones
+# are tiled). On CUDA the default comes from the device: half its free memory over the model's bytes per pixel.
 # ``max_batch`` values: "auto" -> this cap by device type (missing: no cap); None or 0 -> no cap; n >= 1 -> n.
 # On CPU batches of several scans measured slower per scan than one at a time (README, Performance).
 AUTO_MAX_BATCH = {"cpu": 1}
@@ -59,13 +59,15 @@ def batch_cap(max_batch: int | str | None, device: torch.device) -> int | None:
     raise ValueError(f"max_batch must be 'auto', None, 0 (no cap) or an int >= 1, got {max_batch!r}")
 
 
-def fingerprint(model: torch.nn.Module, class_names: Sequence[str], image_mode: str) -> str:
+def fingerprint(model: torch.nn.Module, class_names: Sequence[str], image_mode: str, tta: str | None = None) -> str:
     """32 hex digits naming what decides a prediction: every weight and buffer of ``model`` (name, dtype, shape,
-    values), the class names and the PIL mode scans are decoded to. The same weights give the same fingerprint
+    values), the class names, the PIL mode scans are decoded to and the test-time augmentation (``tta``, when
+    not None: flipped views change the prediction). The same weights give the same fingerprint
     whichever checkpoint file holds them (last.pt and a copy of it). The run's settings (device, precision, pixel
     budget, batch cap, tile overlap) do not enter it: they move a prediction by rounding and tile seams at most,
     and a rerun with other settings is meant to skip what is done."""
-    digest = hashlib.sha256(repr((list(class_names), image_mode)).encode())
+    named = (list(class_names), image_mode) if tta is None else (list(class_names), image_mode, tta)
+    digest = hashlib.sha256(repr(named).encode())
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)};".encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
@@ -98,13 +100,14 @@ class Predictor:
 
     ``predict(images)`` -> class maps; ``probabilities(images)`` -> softmax maps; both take a list of scans
     [C, H, W] (uint8 0..255, or float 0..1) and return one result a scan at its exact (H, W), computed in
-    size-grouped batches of at most ``max_pixels`` padded pixels (default: DEFAULT_CPU_PIXELS on CPU; on CUDA
+    size-grouped batches of at most ``max_pixels`` padded pixels (default: CPU_PIXELS on CPU; on CUDA
     measured from the device and the model, see :func:`srforge.runtime.memory.cuda_pixel_budget`).
     A scan whose aligned size alone exceeds the budget is tiled, tiles overlapping by ``overlap`` px
     (default 4 * size_divisor). ``max_batch`` caps scans per batch (:func:`batch_cap`). ``precision``: fp32,
     bf16 or fp16 (autocast). ``image_mode`` is the PIL mode scans are decoded to (default from the model's
     input channels: L, RGB or RGBA). A model whose forward takes the image alone is wrapped to take ``sizes``
-    (srforge.models.contract.with_sizes).
+    (srforge.models.contract.with_sizes). ``tta``: None or "none", or "flip" (srforge.predict.tta: the softmax
+    probabilities averaged over the scan and its three mirror images, each mirrored within the scan's extent).
     """
 
     def __init__(
@@ -118,7 +121,9 @@ class Predictor:
         overlap: int | None = None,
         image_mode: str | None = None,
         max_batch: int | str | None = "auto",
+        tta: str | None = None,
     ):
+        self.tta = tta_mode(tta)
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}, got {precision!r}")
         self.device = resolve_device(device)
@@ -146,7 +151,7 @@ class Predictor:
             max_pixels = (
                 cuda_pixel_budget(self.model, self.device, precision, sharing=processes_per_device())
                 if self.device.type == "cuda"
-                else DEFAULT_CPU_PIXELS
+                else CPU_PIXELS
             )
         self.max_pixels = int(max_pixels)
         if self.max_pixels < 4 * self.divisor**2:
@@ -161,7 +166,7 @@ class Predictor:
     def fingerprint(self) -> str:
         """The model's :func:`fingerprint`, computed once: every output file is marked with it."""
         if self._fingerprint is None:
-            self._fingerprint = fingerprint(self.model, self.class_names, self.image_mode)
+            self._fingerprint = fingerprint(self.model, self.class_names, self.image_mode, self.tta)
         return self._fingerprint
 
     @classmethod
@@ -172,7 +177,7 @@ class Predictor:
         Its class is imported only when srforge.config.trust.check_checkpoint_model allows it: srforge's own, the
         one the config.yaml beside the checkpoint names as model.class, or one named in ``allow_model``
         ("module:Class", the CLI's --allow-model); else a ConfigError (a ValueError) saying how to allow it.
-        ``options`` are Predictor's keywords (precision, max_pixels, overlap, max_batch). The image mode is the
+        ``options`` are Predictor's keywords (precision, max_pixels, overlap, max_batch, tta). The image mode is the
         checkpoint's ``image_mode``, else its training config's, else the model's input channels'.
         """
         ckpt = load_checkpoint(path)
@@ -217,10 +222,11 @@ class Predictor:
         image = batch["image"].to(self.device, non_blocking=True)
         sizes = batch["sizes"]
         with self.timed():
-            with autocast(self.device, self.precision):
-                logits = self.model(image, sizes.to(self.device, non_blocking=True))
-            masks = class_map(logits, dim=1, dtype=torch.uint8)  # uint8: an eighth of int64's bytes to write
-            probs = logits.float().softmax(1).to(probs_dtype) if probs_dtype is not None else None
+            scores = self._scores(image, sizes.to(self.device, non_blocking=True))
+            masks = class_map(scores, dim=1, dtype=torch.uint8)  # uint8: an eighth of int64's bytes to write
+            probs = None
+            if probs_dtype is not None:
+                probs = (scores if self.tta else scores.float().softmax(1)).to(probs_dtype)
         out = [
             Prediction(self._to_host(masks[b, :h, :w]), None if probs is None else self._to_host(probs[b, :, :h, :w]))
             for b, (h, w) in enumerate(sizes.tolist())
@@ -233,6 +239,13 @@ class Predictor:
             for prediction in out:
                 prediction.ready = ready
         return out
+
+    def _scores(self, image: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        """[B, K, Hp, Wp] on the device: the logits, or with ``tta`` the averaged probabilities (argmax alike)."""
+        with autocast(self.device, self.precision):
+            if self.tta is None:
+                return self.model(image, sizes)
+            return flip_probabilities(lambda view: self.model(view, sizes), image, sizes)
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.device.type != "cuda":

@@ -276,9 +276,11 @@ def build_loaders(
     """Batches of alike sizes padded to ``divisor`` (the model's) by AlignedCollate, masks with the ignore index;
     the training batches dealt to ranks by :func:`srforge.data.sampling.training_sampler`, grouped by each
     epoch's sizes when the training view rescales (:func:`training_epoch_sizes`). ``max_pixels`` is the pixel
-    budget ``data.max_pixels`` resolved to (``auto`` measured); ignored with ``data.batch_size``."""
+    budget ``data.max_pixels`` resolved to (needed for ``auto``; ignored with ``data.batch_size``)."""
     collate = AlignedCollate(divisor, pad={"image": 0, "mask": data_cfg.ignore_index})
-    budget = max_pixels if data_cfg.max_pixels is not None else None
+    budget = None if data_cfg.max_pixels is None else max_pixels or data_cfg.max_pixels
+    if budget == "auto":
+        raise ValueError("build_loaders: data.max_pixels is auto; pass the budget it resolved to as max_pixels")
     grouping = {"batch_size": data_cfg.batch_size, "max_pixels": budget, "divisor": divisor}
     sampler = training_sampler(
         data.train_sizes,

@@ -11,6 +11,7 @@ fit: :func:`fit_hints`), or, when the device runs short later all the same, ends
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,7 @@ from srforge.runtime.memory import (
     smallest_across_ranks,
 )
 from srforge.train.build import Data, set_checkpointing
+from srforge.train.losses import segmentation_loss
 
 # A resumed run keeps the pixel budgets its checkpoint records unless the budget it resolves now is smaller by more
 # than this share: data.max_pixels: auto measures free memory, which varies a little from start to start, and the
@@ -145,7 +147,7 @@ def probe_memory(
 
 
 def plan_memory(
-    cfg: Config, model: torch.nn.Module, data: Data, device: torch.device, processes: Processes, loss: Loss
+    cfg: Config, model: torch.nn.Module, data: Data, device: torch.device, processes: Processes
 ) -> tuple[StepMemory, int | None]:
     """The training step's measured memory and the pixel budget ``data.max_pixels`` resolves to.
 
@@ -153,6 +155,7 @@ def plan_memory(
     that cannot fit even alone is a ConfigError naming it, before training starts. A number is taken as given,
     None (data.batch_size) leaves batches uncut. The main process prints the figures.
     """
+    loss = functools.partial(segmentation_loss, ignore_index=cfg.data.ignore_index, dice_weight=cfg.train.dice_weight)
     memory = probe_memory(model, device, cfg.train.precision, loss, channels_last=cfg.train.channels_last)
     free = free_memory(device)
     local = processes_per_device() if device.type == "cuda" else processes.local_world

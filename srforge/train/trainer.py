@@ -120,7 +120,7 @@ class Trainer:
         set_checkpointing(self.model, cfg.model.checkpointing)
         crop_training_scans(data, dcfg.crop, self.model.size_divisor)
         self.loss = functools.partial(segmentation_loss, ignore_index=dcfg.ignore_index, dice_weight=tcfg.dice_weight)
-        self.memory, pixels = plan_memory(cfg, self.model, data, self.device, processes, self.loss)
+        self.memory, pixels = plan_memory(cfg, self.model, data, self.device, processes)
         self.loaders = build_loaders(
             dcfg, data, divisor=self.model.size_divisor, seed=seed, processes=processes, device=self.device,
             max_pixels=pixels,
@@ -138,7 +138,6 @@ class Trainer:
             total_steps=tcfg.epochs * math.ceil(len(self.loaders.sampler) / tcfg.accumulate),
             precision=tcfg.precision,
         )
-        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.epoch = self.step = self.batches_done = 0
         self.row: dict[str, Any] = {}
         self.summary: dict[str, Any] = {"run_dir": str(self.run_dir), "best_mean_iou": -math.inf}
@@ -146,6 +145,7 @@ class Trainer:
         self.averaged: torch.nn.Module | None = None
         self.stop_requested, self.stopped_by, self.saved_at = False, None, "last.pt (rank 0 writes it)"
         self.stepped, self.update_batches, self.shown = False, 0, None
+        self.start_pass()
         before, after = built_in_hooks(self)  # EMA copies the model: before it is compiled
         named = [*((h.name, h) for h in before), *user_hooks(tcfg.hooks), *((h.name, h) for h in after)]
         self.hook_names, self.hooks = [name for name, _ in named], [hook for _, hook in named]
@@ -156,6 +156,11 @@ class Trainer:
             self.load_state_dict(ckpt)
             if processes.main:
                 print(f"srforge: resuming {self.run_dir} at epoch {self.epoch + 1}, step {self.step}")
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        """The parameters the optimizer updates: their gradients are clipped, averaged and set aside."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     # -- the loop ------------------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -198,10 +203,7 @@ class Trainer:
         self.budget.start_epoch(fresh=self.batches_done == 0)
         loader = self.loaders.epoch(self.epoch, skip=self.batches_done)
         self.epoch_batches, first = len(loader), self.batches_done
-        k = self.cfg.model.num_classes
-        self.totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, batches stepped, pixels
-        self.confusion = torch.zeros(k, k, dtype=torch.int64, device=self.device)
-        self.started = time.perf_counter()
+        self.start_pass()
         self.call("before_epoch")
         self.net.train()
         batches = iter(loader)
@@ -265,8 +267,9 @@ class Trainer:
         gradients (those so far are set aside during the backward and put back). Under DDP the backward does not
         reduce (the update averages once at its end)."""
         image, mask, sizes = part
-        held = [p.grad for p in self.params]
-        for p in self.params:
+        params = self.params
+        held = [p.grad for p in params]
+        for p in params:
             p.grad = None
         valid = unit = None
         try:
@@ -285,7 +288,7 @@ class Trainer:
             if not is_out_of_memory(error):
                 raise
             done = logits = None
-        for p, old in zip(self.params, held):
+        for p, old in zip(params, held):
             p.grad = old if done is None or p.grad is None else (p.grad if old is None else old.add_(p.grad))
         if done is None:
             if self.device.type == "cuda":
@@ -329,6 +332,12 @@ class Trainer:
         self.step += 1
         self.totals += update.totals
         self.confusion += update.confusion
+
+    def start_pass(self) -> None:
+        """Zero the training pass's sums (on the device: loss sum, batches stepped, real pixels; the confusion
+        matrix of the predictions taken in training) and start its clock."""
+        self.totals, self.confusion = self.zeros()
+        self.started = time.perf_counter()
 
     # -- the pieces of a step ------------------------------------------------------------------------------------
     def zeros(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,180 @@
+"""srforge-evaluate end to end on tiny scans: checkpoint mode scores what predict.py writes (folder and zip alike),
+the predictions-folder mode with missing and wrong-size predictions, --compare, bad input with a clear error, and
+(slow) two torchrun processes giving the metrics.json of one."""
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import labels, rgb, write
+from PIL import Image
+from predict_fixtures import one_thread, png, random_checkpoint, write_zip  # noqa: F401
+
+from srforge.cli import main_evaluate
+from srforge.evaluate.metrics import figures
+from srforge.predict.predictor import Predictor
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = [(9, 14), (12, 30), (7, 9), (10, 21), (13, 40), (8, 17)]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return random_checkpoint(tmp_path_factory.mktemp("ckpt") / "a.pt")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """A labelled folder of six scans (one in sub/), masks with all three classes and some ignored pixels."""
+    root = tmp_path_factory.mktemp("data")
+    for i, (h, w) in enumerate(SIZES):
+        name = f"{'sub/' if i == 2 else ''}s{i}"
+        write(root / "images" / f"{name}.png", rgb(h, w, i))
+        mask = labels(h, w, 3, i)
+        mask[0, 0] = 255
+        write(root / "masks" / f"{name}.png", mask)
+    return root
+
+
+def evaluate(*args) -> int:
+    return main_evaluate([*map(str, args), "--no-progress", "--workers", "0"])
+
+
+def metrics(out: Path) -> dict:
+    return json.loads((out / "metrics.json").read_text())
+
+
+def scans(out: Path) -> list[dict]:
+    return list(csv.DictReader(io.StringIO((out / "scans.csv").read_text())))
+
+
+def expected_confusion(ckpt, root: Path) -> np.ndarray:
+    """The pooled confusion of what Predictor predicts for every scan of ``root``, counted by numpy."""
+    predictor = Predictor.from_checkpoint(ckpt, device="cpu")
+    total = np.zeros((3, 3), np.int64)
+    for path in sorted((root / "images").rglob("*.png")):
+        image = torch.from_numpy(np.asarray(Image.open(path).convert("RGB")).copy()).permute(2, 0, 1)
+        (pred,) = predictor.predict([image])
+        truth = np.asarray(Image.open(root / "masks" / path.relative_to(root / "images")))
+        keep = truth != 255
+        np.add.at(total, (truth[keep].astype(int), pred.numpy()[keep]), 1)
+    return total
+
+
+def test_checkpoint_mode_scores_what_predict_writes_and_a_zip_scores_the_same(tmp_path, ckpt, data):
+    assert evaluate("--checkpoint", ckpt, "--input", data, "--output", tmp_path / "out") == 0
+    found = metrics(tmp_path / "out")
+    model = found["models"][0]
+    assert model["fingerprint"] == Predictor.from_checkpoint(ckpt, device="cpu").fingerprint
+    assert (
+        found["data"] == str(data)
+        and found["options"]["tolerance"] == 2
+        and found["classes"] == ["paper", "ink", "margin"]
+    )
+    micro = model["results"]["micro"]
+    assert np.array_equal(micro["confusion_matrix"], expected_confusion(ckpt, data))
+    again = figures(torch.tensor(micro["confusion_matrix"]), torch.zeros(3, 4, dtype=torch.int64), found["classes"])
+    assert micro["per_class"]["iou"] == pytest.approx(again["per_class"]["iou"])
+    rows = scans(tmp_path / "out")
+    assert [r["name"] for r in rows] == ["s0", "s1", "s3", "s4", "s5", "sub/s2"] and {r["status"] for r in rows} == {
+        "ok"
+    }
+    assert [t["scans"] for t in model["results"]["by_width_third"]] == [2, 2, 2]
+    assert (tmp_path / "out" / "predictions" / "masks" / "sub" / "s2.png").is_file()
+    assert len(list((tmp_path / "out" / "pictures").glob("*.png"))) == 6
+    files = {f"{p.relative_to(data).as_posix()}": p.read_bytes() for p in data.rglob("*.png")}
+    archive = write_zip(tmp_path / "data.zip", {f"set/{name}": blob for name, blob in files.items()})
+    assert evaluate("--checkpoint", ckpt, "--input", archive, "--output", tmp_path / "zip") == 0
+    assert metrics(tmp_path / "zip")["models"] == found["models"]
+
+
+def test_predictions_mode_missing_and_wrong_size_predictions_are_error_rows(tmp_path, data):
+    preds = tmp_path / "preds"
+    for i, (h, w) in enumerate(SIZES[:3]):
+        truth = np.asarray(Image.open(data / "masks" / f"{'sub/' if i == 2 else ''}s{i}.png"))
+        guess = np.where(truth == 255, 0, truth).astype(np.uint8)
+        if i == 1:
+            guess = guess[:, :-1]  # one column short
+        write(preds / f"{'sub/' if i == 2 else ''}s{i}.png", guess)
+    out = tmp_path / "out"
+    assert evaluate("--predictions", preds, "--masks", data, "--classes", "a,b,c", "--output", out) == 1
+    rows = {r["name"]: r for r in scans(out)}
+    assert len(rows) == 6 and rows["s0"]["status"] == rows["sub/s2"]["status"] == "ok"
+    assert float(rows["s0"]["pixel_accuracy"]) == 1.0 and float(rows["s0"]["tol_f1_b"]) == 1.0
+    assert "is (12, 29) (H, W) but the true mask" in rows["s1"]["error"] and "(12, 30)" in rows["s1"]["error"]
+    assert (
+        rows["s3"]["status"] == "failed"
+        and f"no prediction for scan 's3': expected {preds / 's3.png'}" in rows["s3"]["error"]
+    )
+    found = metrics(out)["models"][0]["results"]
+    assert (found["scored"], found["failed"]) == (2, 4) and found["micro"]["pixel_accuracy"] == 1.0
+
+
+def test_compare_scores_a_second_model_side_by_side_sorted_by_the_difference(tmp_path, ckpt, data):
+    other = random_checkpoint(tmp_path / "b.pt", seed=3)
+    out = tmp_path / "out"
+    assert evaluate("--checkpoint", ckpt, "--compare", other, "--input", data, "--output", out, "--worst", "2") == 0
+    found = metrics(out)
+    a, b = (m["results"]["micro"] for m in found["models"])
+    assert found["difference_b_minus_a"]["micro"]["mean_iou_without_bg"] == pytest.approx(
+        b["mean_iou_without_bg"] - a["mean_iou_without_bg"]
+    )
+    diffs = [float(r["difference"]) for r in scans(out)]
+    assert diffs == sorted(diffs) and len(diffs) == 6
+    assert len(list((out / "pictures").glob("*.png"))) == 4  # the 2 worst, pictured for A and for B
+
+
+def test_bad_input_is_a_clear_error(tmp_path, ckpt, data, capsys):
+    bad = tmp_path / "bad"
+    write(bad / "images" / "a.png", rgb(9, 14))
+    write(bad / "masks" / "a.png", labels(9, 13, 3))  # one column short
+    write(bad / "images" / "b.png", rgb(9, 14))
+    write(bad / "masks" / "b.png", np.full((9, 14), 7, np.uint8))  # a class the model lacks
+    write(bad / "images" / "c.png", rgb(9, 14))  # no mask
+    assert evaluate("--checkpoint", ckpt, "--input", bad, "--output", tmp_path / "out") == 1
+    rows = {r["name"]: r for r in scans(tmp_path / "out")}
+    assert "the prediction of" not in rows["a"]["error"] and "(9, 14) (H, W) but the true mask" in rows["a"]["error"]
+    assert "true mask values [7] are not one of the model's 3 classes" in rows["b"]["error"]
+    assert "images/c.png has no mask at masks/c.png" in rows["c"]["error"]
+    write(tmp_path / "nomasks" / "images" / "a.png", rgb(9, 14))
+    assert evaluate("--checkpoint", ckpt, "--input", tmp_path / "nomasks", "--output", tmp_path / "o2") == 2
+    assert "no ground-truth masks" in capsys.readouterr().err
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    assert evaluate("--checkpoint", ckpt, "--input", data, "--output", tmp_path / "busy") == 2
+    err = capsys.readouterr().err
+    assert "holds files srforge-evaluate did not write (notes.txt)" in err and "Traceback" not in err
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "metrics.json").write_text("{}")
+    assert evaluate("--checkpoint", ckpt, "--input", data, "--output", tmp_path / "theirs") == 2
+    assert "metrics.json is not a report srforge wrote" in capsys.readouterr().err
+    assert (tmp_path / "theirs" / "metrics.json").read_text() == "{}"
+    assert evaluate("--checkpoint", ckpt, "--input", data, "--output", data / "eval") == 2
+    assert "is inside the input folder" in capsys.readouterr().err and not (data / "eval").exists()
+    write(tmp_path / "foreign" / "s0.png", labels(9, 14, 3))
+    assert evaluate("--predictions", tmp_path / "foreign", "--masks", data, "--output", tmp_path / "o3") == 2
+    assert "give --classes" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_torchrun_processes_give_the_metrics_of_one(tmp_path, ckpt, data):
+    assert evaluate("--checkpoint", ckpt, "--input", data, "--output", tmp_path / "one") == 0
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    args += [str(ROOT / "scripts" / "evaluate.py"), "--checkpoint", str(ckpt), "--input", str(data)]
+    args += ["--output", str(tmp_path / "two"), "--no-progress", "--device", "cpu", "--workers", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("srforge-evaluate: report:") == 1  # rank 0 alone prints
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert two.pop("run")["processes"] == 2 and one.pop("run")["processes"] == 1
+    assert one == two
+    assert (tmp_path / "one" / "scans.csv").read_text() == (tmp_path / "two" / "scans.csv").read_text()
