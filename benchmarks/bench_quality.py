@@ -134,6 +134,8 @@ def recipes(setting: Setting) -> list[Recipe]:
         Recipe(DEFAULT, []),
         Recipe("size-grouped batches of 4", ["data.max_pixels=null", "data.batch_size=4"]),
         Recipe("size-grouped batches of 2", ["data.max_pixels=null", "data.batch_size=2"], optional=True),
+        Recipe("pixel budget + EMA 0.999", ["train.ema=0.999"], optional=True),
+        Recipe("pixel budget + EMA 0.99", ["train.ema=0.99"], optional=True),
         Recipe("batch 1", ["data.max_pixels=null", "data.batch_size=1"]),
         Recipe(
             f"random {ch} x {cw} crops, batches of {setting.crop_batch}",

@@ -46,9 +46,9 @@ why() {  # the reason a step failed: timeout, or the last line of its log
 }
 
 # -- set-up: srforge importable (installed quietly if its dependencies are missing), a CUDA device present -------
-if ! "$PY" -c "import srforge.train.loop, pytest" >/dev/null 2>&1; then
+if ! "$PY" -c "import srforge.train, pytest" >/dev/null 2>&1; then
     run_step "install" 150 "$RESULTS/gpu_check_install.log" "$PY" -m pip install -q -e ".[test]"
-    if ! "$PY" -c "import srforge.train.loop, pytest" >/dev/null 2>&1; then
+    if ! "$PY" -c "import srforge.train, pytest" >/dev/null 2>&1; then
         record "install" FAIL "$TOOK" "srforge or pytest not importable after pip install -e .[test]: $(why $RC "$RESULTS/gpu_check_install.log")"
     fi
 fi

@@ -58,9 +58,9 @@ def _rows(run_dir):
 def test_a_user_hook_from_yaml_runs_at_every_event_and_its_state_is_saved(tmp_path):
     train(_cfg(tmp_path / "run", epochs=2))
     rows = _rows(tmp_path / "run")
-    assert [r["steps_seen"] for r in rows] == [r["step"] for r in rows] == [4, 8]
+    assert [r["steps_seen"] for r in rows] == [r["step"] for r in rows] == [3, 6]  # 8 training scans, batches of 3
     saved = load_checkpoint(tmp_path / "run" / "last.pt")["hooks"]
-    assert saved["train.hooks[0] test_hooks:CountingHook"] == {"steps": 8}
+    assert saved["train.hooks[0] test_hooks:CountingHook"] == {"steps": 6}
     # A bad hook entry is a config error naming it.
     with pytest.raises(ConfigError, match=r"train.hooks\[0\]: expected \{class: 'module.path:Class'"):
         resolve({"train": {"hooks": [{"klass": "x:Y"}]}})
@@ -159,7 +159,8 @@ def test_a_checkpoint_naming_a_hook_class_it_was_not_configured_with_imports_not
     monkeypatch.syspath_prepend(str(run))
     assert main_train(["--resume", str(run), "train.epochs=2"]) == 2
     err = capsys.readouterr().err
-    assert "asks srforge to import train.hooks[0].class=evil_hooks:Hook, which your own config does not name" in err
+    assert "its embedded config asks srforge to import " in err and "which your own config does not name" in err
+    assert "train.hooks[0].class=evil_hooks:Hook" in err
     assert not (run / "IMPORTED").exists() and "evil_hooks" not in sys.modules
     # A hook state that no configured hook claims is left alone: the same checkpoint resumed with its hook removed.
     ckpt["config"]["train"]["hooks"] = []

@@ -86,9 +86,10 @@ def _srforge_imports(path: Path) -> set[str]:
 # (package, packages it must never import): the layers, imports running downward only (cli at the top; train,
 # predict, evaluate and export beside each other; runtime, models and data below them; geometry at the bottom).
 NEVER = [
-    ("train", ("srforge.predict", "srforge.export", "srforge.cli")),
+    ("train", ("srforge.predict", "srforge.evaluate", "srforge.export", "srforge.cli")),
     ("predict", ("srforge.train", "srforge.export", "srforge.cli")),
     ("export", ("srforge.train", "srforge.predict", "srforge.cli")),
+    ("evaluate", ("srforge.train", "srforge.export", "srforge.cli")),
     ("models", ("srforge.data", "srforge.train", "srforge.predict", "srforge.runtime", "srforge.config")),
     ("runtime", ("srforge.train", "srforge.predict", "srforge.export", "srforge.cli", "srforge.config")),
     ("data", ("srforge.train", "srforge.predict", "srforge.export", "srforge.cli", "srforge.runtime")),

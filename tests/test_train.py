@@ -363,42 +363,30 @@ def test_resume_gives_the_current_device_its_cuda_rng_state(tmp_path, monkeypatc
 
 
 def test_train_and_validation_loss_are_the_same_quantity_on_the_same_batch(tmp_path):
-    """train_epoch's loss (taken before the step) equals evaluate's on the same batch and weights, Dice included."""
+    """The training pass's loss (taken before the step) equals validation's on the same batch and weights, Dice
+    included."""
+    from helpers import run_pass, stepping_trainer
     from torch.utils.data import DataLoader
 
     from srforge.data.adapter import FieldView
     from srforge.data.collate import AlignedCollate
-    from srforge.train.build import build_model, build_optimization
-    from srforge.train.step import Progress, StepSettings, evaluate, train_epoch
 
-    view = FieldView(TinyStrips(n=3), {"image": "scan", "mask": "labels", "name": "id"}, num_classes=2)
-    device = torch.device("cpu")
-    model, _ = build_model(
-        {"in_channels": 3, "num_classes": 2, "base_channels": 4, "depth": 2, "max_channels": 64, "padding_aware": True},
-        device,
-        channels_last=False,
-    )
-    loader = DataLoader(
-        view, batch_size=3, collate_fn=AlignedCollate(model.size_divisor, pad={"image": 0, "mask": 255})
-    )
-    shared = dict(device=device, precision="fp32", channels_last=False, num_classes=2, ignore_index=255)
-    val = evaluate(model, loader, StepSettings(**shared, dice_weight=0.5))
-    optimizer, scheduler, scaler = build_optimization(
-        model, device=device, lr=1e-3, weight_decay=0, warmup_steps=1, min_lr_ratio=1, total_steps=1, precision="fp32"
-    )
-    totals, _, _ = train_epoch(
-        model,
-        loader,
-        optimizer,
-        scheduler,
-        scaler,
-        Progress(),
-        StepSettings(**shared, dice_weight=0.5, grad_clip=None, skip_nonfinite=False, log_every=1),
-    )
-    train_loss = float(totals[0] / totals[1])
-    assert abs(train_loss - val["loss"]) < 1e-6
-    # ... and the comparison can fail: without the Dice term validation would differ.
-    assert abs(evaluate(model, loader, StepSettings(**shared, dice_weight=0.0))["loss"] - train_loss) > 1e-3
+    fields = {"image": "scan", "mask": "labels", "name": "id"}
+    view = FieldView(TinyStrips(n=3), fields, num_classes=2)
+    loader = DataLoader(view, batch_size=3, collate_fn=AlignedCollate(4, pad={"image": 0, "mask": 255}))
+
+    def losses(dice):
+        trainer = stepping_trainer(tmp_path / f"run{dice}", "test_train:TinyStrips", fields=fields, dice_weight=dice)
+        trainer.loaders.val = loader
+        val = trainer.validate(trainer.model)["loss"]
+        trainer.start_pass()
+        run_pass(trainer, loader)
+        return float(trainer.totals[0] / trainer.totals[1]), val
+
+    train_loss, val_loss = losses(0.5)
+    assert abs(train_loss - val_loss) < 1e-6
+    # ... and the comparison can fail: without the Dice term the same weights' loss differs.
+    assert abs(losses(0.0)[1] - train_loss) > 1e-3
 
 
 def test_compile_goes_inside_ddp_and_matches_eager_gradients(tmp_path, monkeypatch):
