@@ -41,6 +41,10 @@ class FolderLockedError(RuntimeError):
     """Another process holds the folder; the message names it and says what to do."""
 
 
+class FolderLostError(RuntimeError):
+    """The folder (or its lock file) this process held was removed under it; the message says what was lost."""
+
+
 def _holder(path: Path) -> str:
     try:
         info = json.loads(path.read_text())
@@ -81,6 +85,17 @@ class FolderLock:
         self._fd = fd
         _HELD.add(fd)
         return self
+
+    def held(self) -> bool:
+        """Whether the lock file this process holds is still the one at its path (the folder not removed, the file
+        not replaced), so that no other process can have taken the folder meanwhile."""
+        if self._fd is None:
+            return False
+        try:
+            mine, there = os.fstat(self._fd), os.stat(self.path)
+        except OSError:
+            return False
+        return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
     def release(self) -> None:
         if self._fd is not None:

@@ -1,7 +1,8 @@
 """One map from the exceptions a command expects to exit statuses, and one way to print them.
 
     0    done
-    1    the run itself went wrong: a non-finite loss, a full disk, a failed ONNX check (and predict's failed scans)
+    1    the run itself went wrong: a non-finite loss, a full disk, a failed ONNX check, a run folder removed
+         under a running train (and predict's failed scans)
     2    the user's input: a bad config or argument, a missing or unusable file, bad data, a run folder that
          holds another run or is in use by another process, an optional package the model or format needs
     3    stopped by the system, resumable: a DataLoader worker was killed (the out-of-memory killer, most
@@ -21,6 +22,7 @@ import re
 import sys
 
 from srforge.atomic import DiskFullError
+from srforge.locks import FolderLostError
 from srforge.runtime.signals import TERMINATED_STATUS, Terminated
 
 RUN_FAILED = 1
@@ -32,7 +34,7 @@ TERMINATED = TERMINATED_STATUS
 
 def _run_failures() -> tuple[type[BaseException], ...]:
     """Exception classes that mean the run failed (status 1), imported only if their module already is."""
-    found: list[type[BaseException]] = [DiskFullError]
+    found: list[type[BaseException]] = [DiskFullError, FolderLostError]
     for module, name in (("srforge.train.trainer", "NonFiniteLossError"), ("srforge.export.onnx", "OnnxCheckError")):
         loaded = sys.modules.get(module)
         if loaded is not None:

@@ -67,7 +67,7 @@ def main_train(argv=None) -> int:
     from srforge.config import ConfigError
     from srforge.config.preflight import check_before_training
     from srforge.extras import MissingExtraError
-    from srforge.locks import FolderLockedError
+    from srforge.locks import FolderLockedError, FolderLostError
     from srforge.runtime.signals import terminate_as_interrupt
     from srforge.train import NonFiniteLossError, ScanTooLargeError, WorkerLostError, train
 
@@ -103,11 +103,14 @@ def main_train(argv=None) -> int:
         ScanTooLargeError,
         DiskFullError,
         FolderLockedError,
+        FolderLostError,
         ValueError,
+        FileNotFoundError,
         MissingExtraError,
         KeyboardInterrupt,
     ) as exc:
         # ValueError: ConfigError (RunExistsError included), DataError, a mask value beyond model.num_classes;
+        # FileNotFoundError: pretrained weights that cannot be had offline (WeightsUnavailableError), a file gone;
         # MissingExtraError: a model or weights file needs an optional package (the message names its extra)
         return fail(PROG, exc)
     if summary.get("val_iou") is not None:

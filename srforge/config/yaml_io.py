@@ -27,6 +27,28 @@ def _yaml_weight(node: yaml.Node) -> int:
     return 1 + (len(node.value) if isinstance(node, yaml.ScalarNode) else 0)
 
 
+def duplicate_key(root: yaml.Node) -> str | None:
+    """'key 'train' twice in one mapping (lines 3 and 9)' for the first mapping of the composed document that
+    holds a key twice, else None. YAML's loaders keep the last silently, so a second ``train:`` block would replace
+    the first."""
+    seen, todo = set(), [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[Any, int] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in lines:
+                        first, again = lines[key.value], key.start_mark.line + 1
+                        return f"the key {key.value!r} is given twice in one mapping (lines {first} and {again})"
+                    lines[key.value] = key.start_mark.line + 1
+        todo.extend(_yaml_parts(node))
+    return None
+
+
 def load_yaml(text: str, source: str) -> Any:
     """``yaml.safe_load(text)``, refusing a document whose aliases expand it far beyond its own size.
 
@@ -45,6 +67,9 @@ def load_yaml(text: str, source: str) -> Any:
                 f"{source}: its aliases (*name) expand it to more than {MAX_ALIAS_EXPANSION:,} nodes and characters "
                 "beyond its own size, or an alias refers to itself; write the values out instead."
             )
+        twice = duplicate_key(node)
+        if twice:
+            raise ConfigError(f"{source}: {twice}; the second would silently replace the first. Keep one.")
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source} is not valid YAML: {exc}") from None
@@ -57,8 +82,10 @@ def load_yaml(text: str, source: str) -> Any:
 def read_yaml_file(path: str | os.PathLike) -> Any:
     """The YAML document in ``path`` (None when it holds none), read as UTF-8 with :func:`load_yaml`."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path.resolve()} is a folder, not a config file; give a YAML file (configs/*.yaml).")
     if not path.is_file():
-        raise ConfigError(f"Config file not found: {path}")
+        raise ConfigError(f"Config file not found: {path.resolve()}")
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as exc:

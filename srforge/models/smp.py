@@ -13,6 +13,7 @@ smp is imported lazily (:func:`import_smp`), so srforge runs without it: ``pip i
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Sequence
@@ -124,8 +125,35 @@ def encoder_stats(smp, encoder: str, weights: str | None) -> tuple[tuple[float, 
     return tuple(m / scale for m in config["mean"]), tuple(s / scale for s in config["std"])
 
 
+def check_smp_names(smp, arch: str, encoder: str) -> None:
+    """A ValueError naming the closest valid choices for an architecture or encoder smp does not have (smp itself
+    raises a KeyError or a RuntimeError deep in its code); ``tu-`` encoders are looked up in timm."""
+    archs = {name.lower(): cls.__name__ for name, cls in smp.MODEL_ARCHITECTURES_MAPPING.items()}
+    if str(arch).lower() not in archs:
+        close = difflib.get_close_matches(str(arch).lower(), list(archs), n=3, cutoff=0.5)
+        hint = f"closest: {', '.join(archs[c] for c in close)}" if close else f"one of {', '.join(archs.values())}"
+        raise ValueError(f"SmpModel: arch {arch!r} is not an smp architecture ({hint}; any case).")
+    if str(encoder).startswith("tu-"):
+        import timm
+
+        if not timm.is_model(encoder[3:]):
+            close = difflib.get_close_matches(encoder[3:], timm.list_models(), n=3, cutoff=0.6)
+            hint = f"closest: {', '.join('tu-' + c for c in close)}" if close else "see timm.list_models()"
+            raise ValueError(f"SmpModel: encoder {encoder!r}: timm has no model {encoder[3:]!r} ({hint}).")
+        return
+    names = smp.encoders.get_encoder_names()
+    if encoder not in names:
+        close = difflib.get_close_matches(str(encoder), names, n=3, cutoff=0.5)
+        hint = f"closest: {', '.join(close)}" if close else "see smp.encoders.get_encoder_names()"
+        raise ValueError(
+            f"SmpModel: encoder {encoder!r} is not an smp encoder ({hint}; timm's models as 'tu-NAME')."
+        )
+
+
 def build_smp(smp, arch: str, encoder: str, encoder_weights: str | None, **kwargs) -> nn.Module:
-    """``smp.create_model`` with a clear error instead of a download traceback when weights cannot be had."""
+    """``smp.create_model`` with a clear error instead of a download traceback when weights cannot be had, and
+    for an architecture or encoder smp does not have (:func:`check_smp_names`)."""
+    check_smp_names(smp, arch, encoder)
     if encoder_weights is not None:
         source = smp_weights_source(smp, encoder, encoder_weights)
         todo = (

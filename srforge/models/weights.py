@@ -71,7 +71,13 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
                 f"model.weights: reading {path} needs the safetensors package, which is not installed: "
                 f"`{SAFETENSORS_INSTALL}`, or save the weights with torch.save(model.state_dict(), 'weights.pt')."
             ) from None
-        return load_file(str(path), device="cpu")
+        try:
+            return load_file(str(path), device="cpu")
+        except Exception as exc:  # safetensors' SafetensorError (empty, truncated, another format), OSError
+            raise ValueError(
+                f"model.weights: {path} is not a readable .safetensors file ({type(exc).__name__}: {exc}); save the "
+                "weights with safetensors.torch.save_file(model.state_dict(), path), or as a .pt file."
+            ) from None
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt, not a torch file, or pickled objects weights_only refuses

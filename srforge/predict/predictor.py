@@ -241,11 +241,12 @@ class Predictor:
         return out
 
     def _scores(self, image: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-        """[B, K, Hp, Wp] on the device: the logits, or with ``tta`` the averaged probabilities (argmax alike)."""
+        """[B, K, Hp, Wp] on the device: the logits, or with ``tta`` the averaged probabilities (argmax alike).
+        The model gets its own copy of ``sizes``: what it does to it is never what srforge crops and reports with."""
         with autocast(self.device, self.precision):
             if self.tta is None:
-                return self.model(image, sizes)
-            return flip_probabilities(lambda view: self.model(view, sizes), image, sizes)
+                return self.model(image, sizes.clone())
+            return flip_probabilities(lambda view: self.model(view, sizes.clone()), image, sizes)
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.device.type != "cuda":

@@ -29,13 +29,14 @@ from srforge.constants import CPU_PIXELS
 from srforge.runtime.device import autocast
 from srforge.runtime.distributed import environment, reduce_min
 
-# cuBLAS and cuDNN report a failed allocation as a plain RuntimeError with one of these in its message.
-ALLOCATION_FAILURES = ("out of memory", "ALLOC_FAILED")
+# cuBLAS and cuDNN report a failed allocation as a plain RuntimeError with one of these in its message, and so does
+# torch's CPU allocator ("DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes").
+ALLOCATION_FAILURES = ("out of memory", "ALLOC_FAILED", "can't allocate memory")
 
 
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is the device running out of memory (then a smaller batch or tile may fit): CUDA's
-    OutOfMemoryError, or cuBLAS / cuDNN failing to allocate."""
+    OutOfMemoryError, cuBLAS / cuDNN failing to allocate, or the CPU allocator failing (a memory limit)."""
     return isinstance(error, torch.cuda.OutOfMemoryError) or (
         isinstance(error, RuntimeError) and any(text in str(error) for text in ALLOCATION_FAILURES)
     )

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from srforge.atomic import disk_full_names
 from srforge.config import ConfigError, import_object
+from srforge.locks import LOCK_NAME, FolderLostError
 from srforge.runtime.checkpoint import save_checkpoint
 from srforge.train.log import log_epoch, open_tensorboard
 from srforge.train.metrics import scores
@@ -232,6 +233,13 @@ class CheckpointHook(Hook):
         t = self.trainer
         if not t.processes.main:
             return
+        if t.lock is not None and not t.lock.held():
+            raise FolderLostError(
+                f"{t.run_dir} (or its {LOCK_NAME}) was removed while this run was writing into it, so another run "
+                f"may hold it now; this run stops without writing {name}. What it had written went with the folder: "
+                f"the training up to epoch {t.epoch + 1}, batch {t.batches_done} is lost unless you restored the "
+                "folder (then continue with --resume); else start the run again."
+            )
         path = t.run_dir / name
         with disk_full_names(path):
             save_checkpoint({**t.checkpoint(epoch_end=epoch_end, weights=weights), "best_metric": self.best}, path)
@@ -239,7 +247,7 @@ class CheckpointHook(Hook):
     def after_train(self) -> None:
         t = self.trainer
         t.summary["best_mean_iou"] = self.best
-        if t.stopped_by is None or not t.processes.main:
+        if t.stopped_by is None or not t.processes.main or (t.lock is not None and not t.lock.held()):
             return
         path, saved = t.run_dir / "last.pt", self.saved_epoch == t.epoch
         where = f"the end of epoch {t.epoch + 1}" if saved else f"epoch {t.epoch + 1}, batch {t.batches_done}"

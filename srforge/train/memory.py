@@ -22,15 +22,18 @@ from srforge.config import ConfigError
 from srforge.config.schema import Config, DataSection
 from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.geometry import aligned_size
+from srforge.models.contract import class_name
 from srforge.runtime.device import autocast
 from srforge.runtime.distributed import Processes
 from srforge.runtime.memory import (
     StepMemory,
     auto_budget,
     free_memory,
+    is_out_of_memory,
     measure_step_memory,
     pixels_text,
     planning_share,
+    probe_shapes,
     processes_per_device,
     smallest_across_ranks,
 )
@@ -124,6 +127,14 @@ def probe_memory(
         sizes = torch.tensor([[height, width]], device=device)
         with autocast(device, precision):
             logits = model(image, sizes)
+        want = (1, model.num_classes, height, width)
+        if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != want:
+            found = f"shape {list(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise ValueError(
+                f"model.class: {class_name(model)} returned {found} in training mode for an image [1, "
+                f"{model.in_channels}, {height}, {width}]; expected logits {list(want)} in training mode too "
+                "(srforge.models.contract): [B, num_classes, H, W] at the input's size, a tensor, not a tuple or dict."
+            )
         loss(logits, mask).backward()
         model.zero_grad(set_to_none=True)
 
@@ -141,6 +152,16 @@ def probe_memory(
                 optimizer_bytes=optimizer_bytes,
                 checkpointing=bool(getattr(model, "checkpointing", False)),
             )
+    except RuntimeError as error:
+        if not is_out_of_memory(error):
+            raise
+        (h, w), (h2, w2) = probe_shapes(model.size_divisor, device)
+        raise ConfigError(
+            f"the start-of-run memory probe ran out of memory on {device}: one training step of {class_name(model)} "
+            f"over a {h} x {w} and a {h2} x {w2} px input did not fit ({str(error).splitlines()[0][:200]}). Free "
+            "memory on the device, or make the step smaller: model.checkpointing=true, train.precision=bf16, or a "
+            "smaller model (fewer model.base_channels)."
+        ) from None
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)

@@ -98,7 +98,7 @@ class RunExistsError(ConfigError):
     """The run folder holds another run, and the new one neither continues it nor was told to overwrite it."""
 
 
-def claim_run_dir(run_dir: Path, cfg: Config, *, continues: bool = False, overwrite: bool = False) -> FolderLock:
+def claim_run_dir(run_dir: Path, *, continues: bool = False, overwrite: bool = False) -> FolderLock:
     """Hold ``run_dir`` for this run (main process) and prepare it; returns the lock, to release when the run ends.
 
     ``continues``: the run resumes the checkpoint of this very folder. A folder holding another run is a
@@ -121,7 +121,7 @@ def claim_run_dir(run_dir: Path, cfg: Config, *, continues: bool = False, overwr
                 raise _run_exists(run_dir)
             with _writable(run_dir):
                 _remove_previous_run(run_dir)
-        prepare_run_dir(run_dir, cfg)
+        prepare_run_dir(run_dir)
     except BaseException:
         lock.release()
         raise
@@ -181,15 +181,22 @@ def _writable(run_dir: Path) -> Iterator[None]:
         ) from None
 
 
-def prepare_run_dir(run_dir: Path, cfg: Config) -> None:
-    """Create the run folder, sweep temporary files a killed run left there, write config.yaml.
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create the run folder and sweep temporary files a killed run left there.
 
     A folder that cannot be written is a ConfigError naming it. Only the main process calls this, holding the
     folder (:func:`claim_run_dir`), before any other process can write into it.
     """
-    with _writable(run_dir), disk_full_names(run_dir / "config.yaml"):
+    with _writable(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(run_dir)
+
+
+def write_run_config(run_dir: Path, cfg: Config) -> None:
+    """config.yaml: the resolved config, written (atomically) once the run is built -- its data read, its model
+    built and checked, its checkpoint restored -- so that a run refused on the way leaves the folder's config.yaml
+    as it was."""
+    with _writable(run_dir), disk_full_names(run_dir / "config.yaml"):
         atomic_write_text(run_dir / "config.yaml", dump(cfg))
 
 

@@ -51,13 +51,13 @@ def train(
     lock = None
     if processes.main:
         continues = resume is not None and checkpoint_file(resume).parent.resolve() == run_dir.resolve()
-        lock = claim_run_dir(run_dir, cfg, continues=continues, overwrite=overwrite)
+        lock = claim_run_dir(run_dir, continues=continues, overwrite=overwrite)
     try:
         prepare_synthetic_data(cfg.data.synthetic, processes)
         processes = distributed.start(processes, cfg.train.dist_timeout_s, cfg.run.device)
         try:
             with disk_full_names(run_dir):  # a full disk anywhere else (size caches, TensorBoard): the run folder
-                return Trainer(cfg, processes, run_dir, ckpt).train()
+                return Trainer(cfg, processes, run_dir, ckpt, lock=lock).train()
         finally:
             if processes.owns_group:
                 distributed.stop()

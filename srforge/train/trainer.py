@@ -49,10 +49,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from srforge.config import ConfigError
 from srforge.config.schema import Config
 from srforge.constants import UNET_CLASSES
 from srforge.data import DataError
 from srforge.models.class_map import class_map
+from srforge.models.contract import class_name
 from srforge.runtime import distributed
 from srforge.runtime.checkpoint import class_names_or_default
 from srforge.runtime.device import autocast
@@ -72,6 +74,7 @@ from srforge.train.hooks import built_in_hooks, user_hooks
 from srforge.train.losses import segmentation_loss, valid_pixels
 from srforge.train.memory import PixelBudget, ScanTooLargeError, plan_memory, scan_too_large
 from srforge.train.metrics import confusion_matrix, scores
+from srforge.train.prepare import write_run_config
 from srforge.train.rng import rng_state, seed_everything, set_rng_state
 from srforge.train.stop import WorkerLostError, cause, worker_lost
 
@@ -100,7 +103,8 @@ class Update:
 
 class Trainer:
     """A training run: builds its parts from ``cfg`` in this process (``processes``, from srforge.runtime.
-    distributed), writes into ``run_dir`` (main process), and continues ``ckpt`` when given.
+    distributed), writes into ``run_dir`` (main process; ``lock``, the run folder's FolderLock, is checked before
+    every checkpoint), and continues ``ckpt`` when given.
 
     Progress is ``epoch`` (complete epochs), ``step`` (optimizer updates) and ``batches_done`` (of the running
     epoch, skipped ones too), advanced update by update, so that a stop anywhere knows what last.pt must hold: an
@@ -109,9 +113,11 @@ class Trainer:
     ``stop_requested`` ends the run after the running epoch (early stopping).
     """
 
-    def __init__(self, cfg: Config, processes: Processes, run_dir: Path, ckpt: dict[str, Any] | None = None):
+    def __init__(
+        self, cfg: Config, processes: Processes, run_dir: Path, ckpt: dict[str, Any] | None = None, *, lock=None
+    ):
         tcfg, dcfg, seed = cfg.train, cfg.data, cfg.run.seed
-        self.cfg, self.processes, self.run_dir = cfg, processes, Path(run_dir)
+        self.cfg, self.processes, self.run_dir, self.lock = cfg, processes, Path(run_dir), lock
         self.device = training_device(processes, cfg.run.device, tcfg.precision)
         seed_everything(seed)
         depth = cfg.model.depth if cfg.model.class_ in UNET_CLASSES else None  # others' divisors come from them
@@ -156,6 +162,8 @@ class Trainer:
             self.load_state_dict(ckpt)
             if processes.main:
                 print(f"srforge: resuming {self.run_dir} at epoch {self.epoch + 1}, step {self.step}")
+        if processes.main:
+            write_run_config(self.run_dir, cfg)
 
     @property
     def params(self) -> list[torch.Tensor]:
@@ -501,7 +509,15 @@ class Trainer:
         """Restore what :meth:`state_dict` saved. A hook's state is given to the configured hook of that name; a
         state no hook claims is left alone (a checkpoint names no code to run). The random generators last."""
         self.epoch, self.step, self.batches_done = state["epoch"], state["step"], state.get("batches_done", 0)
-        self.model.load_state_dict(state["model"])
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as error:  # the model's code changed since the checkpoint: other shapes or names
+            found = "; ".join(line.strip() for line in str(error).splitlines()[1:3])[:300]
+            raise ConfigError(
+                f"--resume: the checkpoint's weights do not fit the {class_name(self.model)} built now; its code or "
+                f"arguments changed since the checkpoint was written ({found}). "
+                "A resumed run keeps its model: restore the model's code, or start a new run in another run.dir."
+            ) from None
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if state["scaler"]:  # empty when the checkpoint was not trained in fp16: a resume in fp16 starts a fresh scale
