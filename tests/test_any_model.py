@@ -119,17 +119,21 @@ def test_a_resumed_run_of_any_model_ends_with_the_same_bits(runs):
         assert torch.equal(a["model"][key], b["model"][key]), key
 
 
-def test_predict_rebuilds_the_model_from_the_checkpoint_in_its_run_folder(runs, tmp_path):
+def test_predict_rebuilds_the_model_from_the_checkpoint_once_its_class_is_named(runs, tmp_path):
     sizes = odd_scans(tmp_path / "scans")
     out = tmp_path / "out"
     args = ["--checkpoint", str(runs / "straight" / "best.pt"), "--input", str(tmp_path / "scans")]
-    assert main_predict([*args, "--output", str(out), "--no-progress", "--workers", "0"]) == 0
+    allow = ["--allow-model", "test_any_model:TinyNet"]
+    assert main_predict([*args, "--output", str(out), "--no-progress", "--workers", "0", *allow]) == 0
     for name, (h, w) in sizes.items():
         with Image.open(out / "masks" / f"{name}.png") as mask:
             assert mask.size == (w, h)
     # tiled (a budget below a scan's padded area) and whole give the same class maps
-    whole = Predictor.from_checkpoint(runs / "straight" / "best.pt", device="cpu")
-    tiled = Predictor.from_checkpoint(runs / "straight" / "best.pt", device="cpu", max_pixels=24 * 24, overlap=8)
+    named = ["test_any_model:TinyNet"]
+    whole = Predictor.from_checkpoint(runs / "straight" / "best.pt", device="cpu", allow_model=named)
+    tiled = Predictor.from_checkpoint(
+        runs / "straight" / "best.pt", device="cpu", max_pixels=24 * 24, overlap=8, allow_model=named
+    )
     image = torch.from_numpy(rgb(40, 52, 7)).permute(2, 0, 1).contiguous()
     (a,), (b,) = whole.predict([image]), tiled.predict([image])
     assert a.shape == (40, 52) and float((a == b).float().mean()) > 0.99
@@ -139,7 +143,8 @@ def test_export_of_any_model_matches_onnxruntime(runs, tmp_path, capsys):
     for name in ("onnx", "onnxscript", "onnxruntime"):
         pytest.importorskip(name, reason='ONNX export needs the optional extra: pip install -e ".[export]"')
     out = tmp_path / "tiny.onnx"
-    assert main_export(["--checkpoint", str(runs / "straight" / "best.pt"), "--output", str(out)]) == 0
+    named = ["--allow-model", "test_any_model:TinyNet"]
+    assert main_export(["--checkpoint", str(runs / "straight" / "best.pt"), "--output", str(out), *named]) == 0
     printed = capsys.readouterr().out
     # TinyNet has no padding_aware: the graph takes the image alone
     assert "image uint8 [B, C, H, W] -> logits [B, K, H, W], H and W multiples of 4" in printed
@@ -174,8 +179,9 @@ def test_the_module_of_an_untrusted_class_is_never_imported(runs, tmp_path, caps
     folder = tmp_path / "run"
     folder.mkdir()
     torch.save(ckpt, folder / "best.pt")
-    # the config.yaml beside it names another class: that allows only that one
-    (folder / "config.yaml").write_text(yaml.safe_dump({"model": {"class": "test_any_model:TinyNet"}}))
+    # a config.yaml beside it that names the class does not allow it: it came with the checkpoint
+    (folder / "config.yaml").write_text(yaml.safe_dump({"model": {"class": "evil_model:Net"}}))
+    monkeypatch.chdir(tmp_path)  # the working directory holds evil_model.py too
     odd_scans(tmp_path / "scans")
     args = [
         "--checkpoint",
@@ -187,7 +193,7 @@ def test_the_module_of_an_untrusted_class_is_never_imported(runs, tmp_path, caps
     ]
     assert main_predict([*args, "--no-progress", "--workers", "0"]) == 2
     err = capsys.readouterr().err
-    assert "its model is evil_model:Net" in err and "names model.class test_any_model:TinyNet, not it" in err
+    assert "its model is evil_model:Net" in err and "a config.yaml beside the checkpoint does not count" in err
     with pytest.raises(ConfigError, match="allow_model=\\['evil_model:Net'\\]"):
         Predictor.from_checkpoint(folder / "best.pt", device="cpu")
     with pytest.raises(ValueError, match="evil_model:Net is not srforge's own"):

@@ -5,6 +5,7 @@ second interrupt while it is written, and epochs that teach nothing (all masks i
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -302,3 +303,24 @@ def test_every_batch_skipped_as_non_finite_ends_with_a_clear_error(tmp_path, cap
     err = capsys.readouterr().err
     assert "every batch of epoch 1 was skipped as non-finite (3 batches, train.skip_nonfinite=true)" in err, err
     assert not (run / "best.pt").exists() and not (run / "last.pt").exists()
+
+
+class RemovesTheRunFolder:
+    """A hook that deletes the run folder under the running train (as a careless `rm -r runs/x` would)."""
+
+    def after_step(self):
+        if self.trainer.step == 1 and self.trainer.run_dir.exists():
+            shutil.rmtree(self.trainer.run_dir)
+
+
+def test_a_run_folder_removed_under_a_running_train_stops_it_saying_what_was_lost(tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = tiny_config(run, epochs=3)
+    cfg["train"]["hooks"] = [{"class": "test_train_workflow:RemovesTheRunFolder"}]
+    config_file = tmp_path / "cfg.yaml"
+    config_file.write_text(yaml.safe_dump(cfg))
+    assert main_train(["--config", str(config_file)]) == 1
+    err = capsys.readouterr().err
+    assert f"{run} (or its .srforge.lock) was removed while this run was writing into it" in err
+    assert "this run stops without writing best.pt" in err and "Traceback" not in err
+    assert not (run / "last.pt").exists() and not (run / "metrics.jsonl").exists()

@@ -1,9 +1,8 @@
 """srforge-export: a checkpoint to ONNX, checked in onnxruntime.
 
 The model is rebuilt from the checkpoint alone. Its class is imported only when it may be
-(srforge.config.trust.check_checkpoint_model): srforge's own, named as model.class by the config.yaml of the run
-folder the checkpoint sits in, or named with ``--allow-model module:Class``; anything else exits 2 saying how to
-allow it.
+(srforge.config.trust.check_checkpoint_model): srforge's own, or named with ``--allow-model module:Class``
+(a config.yaml beside the checkpoint does not count); anything else exits 2 saying how to allow it.
 """
 
 from __future__ import annotations
@@ -32,14 +31,15 @@ def add_allow_model(parser: argparse.ArgumentParser) -> None:
         default=[],
         type=import_path,
         metavar="MODULE:CLASS",
-        help="import this model class when the checkpoint names it (repeatable); without it only srforge's own "
-        "classes and the one the config.yaml beside the checkpoint names are imported",
+        help="import this model class when the checkpoint names it, also from the working directory (repeatable); "
+        "without it only srforge's own classes are imported (a config.yaml beside the checkpoint does not count)",
     )
 
 
 def main_export(argv=None) -> int:
     """Export a trained srforge checkpoint to ONNX (dynamic batch, H, W) and check it against PyTorch."""
     from srforge.config import import_object
+    from srforge.models.build import import_class
     from srforge.config.trust import check_checkpoint_model
     from srforge.export.onnx import EXTRA, TOLERANCE, OnnxCheckError, check_onnx, export_onnx, require, takes_sizes
     from srforge.extras import MissingExtraError
@@ -55,7 +55,8 @@ def main_export(argv=None) -> int:
     try:
         ckpt = load_checkpoint(args.checkpoint)
         path = check_checkpoint_model(ckpt, args.checkpoint, args.allow_model)
-        resolve = functools.partial(import_object, key=f"{args.checkpoint}: model_class")
+        named = path in args.allow_model  # only a class the user named is looked for in the working directory
+        resolve = functools.partial(import_object, key=f"{args.checkpoint}: model_class") if named else import_class
         model = model_from_checkpoint(ckpt, args.checkpoint, allowed=[path], resolve=resolve)
         require("onnx", "onnxscript")
     except (MissingExtraError, FileNotFoundError, ValueError) as exc:

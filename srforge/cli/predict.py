@@ -30,8 +30,8 @@ Several processes share one archive under torchrun (torchrun --nproc_per_node=N 
 exit status: 0 every scan ok or skipped; 1 some scan failed or was rejected, --strict stopped, no scans
              found, or the disk filled; 2 bad arguments, a missing or unusable input or output, an output
              folder in use by another run, a file that is not a usable srforge checkpoint, or one whose model
-             class is not allowed (srforge's own, the one the config.yaml beside the checkpoint names, or
-             --allow-model MODULE:CLASS); 130 Ctrl-C and 143 SIGTERM, after writing the report with the scans
+             class is not allowed (srforge's own, or --allow-model MODULE:CLASS; a config.yaml beside the
+             checkpoint does not count); 130 Ctrl-C and 143 SIGTERM, after writing the report with the scans
              not reached marked stopped."""
 
 

@@ -11,10 +11,10 @@ nn.Module, which only builds layers), found by importing srforge's own modules a
 
 ``model.class`` is one of those keys, so a resumed run's model is covered by :func:`check_checkpoint_imports`.
 Prediction and export rebuild the model from the checkpoint alone (its ``model_class``), with no config of the
-user's to compare with; :func:`check_checkpoint_model` allows the class when it is srforge's own, when the
-``config.yaml`` of the run folder the checkpoint sits in names it as ``model.class`` (the folder training wrote,
-whose config the user can read), or when the user allows it by name (``--allow-model module:Class``). The module
-of any other class is never imported.
+user's to compare with; :func:`check_checkpoint_model` allows the class when it is srforge's own or when the user
+allows it by name (``--allow-model module:Class``). A config.yaml beside the checkpoint does not count (a
+downloaded run folder brings one), and the working directory is searched for the class's module only when the user
+named the class. The module of any other class is never imported.
 """
 
 from __future__ import annotations
@@ -93,40 +93,23 @@ def check_checkpoint_imports(cfg: Mapping, checkpoint: str, trusted: Iterable[tu
     )
 
 
-def run_folder_model_class(checkpoint: str | os.PathLike) -> tuple[Path, str | None]:
-    """(the run folder's config.yaml beside ``checkpoint``, the ``model.class`` it names or None): None too when
-    the file is missing, unreadable or names no class."""
-    config = Path(checkpoint).parent / "config.yaml"
-    try:
-        tree = read_yaml_file(config) if config.is_file() else None
-    except ConfigError:
-        tree = None
-    model = tree.get("model") if isinstance(tree, Mapping) else None
-    value = model.get("class") if isinstance(model, Mapping) else None
-    return config, value if isinstance(value, str) else None
-
-
 def check_checkpoint_model(ckpt: Mapping, checkpoint: str | os.PathLike, allow: Iterable[str] = ()) -> str:
-    """The model class path of ``ckpt`` (read from ``checkpoint``), once it may be imported: srforge's own, named
-    as ``model.class`` by the config.yaml beside the checkpoint, or in ``allow`` (the user's --allow-model).
-    A checkpoint without ``model_class`` holds srforge's UNet. Otherwise a ConfigError saying which class the
-    checkpoint asks for and how to allow it; the class's module is not imported."""
+    """The model class path of ``ckpt`` (read from ``checkpoint``), once it may be imported: srforge's own, or
+    named by the user in ``allow`` (--allow-model). A checkpoint without ``model_class`` holds srforge's UNet.
+    Otherwise a ConfigError saying which class the checkpoint asks for and how to allow it; the class's module is
+    not imported. A config.yaml beside the checkpoint does not count: it arrives with a downloaded run folder as
+    the checkpoint does, so it is not the user's word."""
     path = ckpt.get("model_class", UNET_CLASS)
     if not isinstance(path, str) or ":" not in path:
         raise ConfigError(
             f"{checkpoint}: model_class must be an import path 'module:Class', found {path!r}; this is not a "
             "checkpoint srforge wrote."
         )
-    config, named = run_folder_model_class(checkpoint)
-    if path in allow or path == named or is_srforge_class(path):
+    if path in allow or is_srforge_class(path):
         return path
-    if named is not None:
-        folder = f"{config} names model.class {named}, not it"
-    else:
-        folder = f"{config} names no model.class" if config.is_file() else f"there is no {config} beside it"
     raise ConfigError(
         f"{checkpoint}: its model is {path} (model_class), and srforge imports a class a checkpoint names only when "
-        f"you name it: it is not one of srforge's own classes, {folder}, and --allow-model does not name it. "
-        f"Importing a module runs its code: if you trust {path}, pass --allow-model {path} "
-        f"(from Python: allow_model=[{path!r}]), or keep the checkpoint in its run folder beside its config.yaml."
+        f"you name it: it is not one of srforge's own classes and --allow-model does not name it (a config.yaml "
+        f"beside the checkpoint does not count: it came with the checkpoint). Importing a module runs its code: if "
+        f"you trust {path}, pass --allow-model {path} (from Python: allow_model=[{path!r}])."
     )

@@ -174,16 +174,17 @@ class Predictor:
         """The Predictor a checkpoint describes: model, weights, divisor, classes, normalisation, image mode.
 
         The model is rebuilt from the checkpoint alone (:func:`srforge.runtime.checkpoint.model_from_checkpoint`).
-        Its class is imported only when srforge.config.trust.check_checkpoint_model allows it: srforge's own, the
-        one the config.yaml beside the checkpoint names as model.class, or one named in ``allow_model``
-        ("module:Class", the CLI's --allow-model); else a ConfigError (a ValueError) saying how to allow it.
+        Its class is imported only when srforge.config.trust.check_checkpoint_model allows it: srforge's own, or
+        one named in ``allow_model`` ("module:Class", the CLI's --allow-model); else a ConfigError (a ValueError)
+        saying how to allow it.
         ``options`` are Predictor's keywords (precision, max_pixels, overlap, max_batch, tta). The image mode is the
         checkpoint's ``image_mode``, else its training config's, else the model's input channels'.
         """
         ckpt = load_checkpoint(path)
         model_class = check_checkpoint_model(ckpt, path, allow_model)
-        resolve = functools.partial(import_object, key=f"{path}: model_class")
-        model = model_from_checkpoint(ckpt, path, allowed=[model_class], resolve=resolve)
+        # A class the user named may live in the working directory; srforge's own come from the package alone.
+        resolve = functools.partial(import_object, key=f"{path}: model_class") if model_class in allow_model else None
+        model = model_from_checkpoint(ckpt, path, allowed=[model_class], **({"resolve": resolve} if resolve else {}))
         names = ckpt["class_names"]
         if names and len(names) != model.num_classes:
             raise ValueError(
