@@ -14,8 +14,8 @@ UNet, loss, optimizer, learning rate and augmentation) and changes only how the 
 
 Each recipe sees the same number of real (unpadded) training pixels: ``--epochs`` epochs of the whole scans, and
 as many epochs of crops or resized scans as give that many pixels. Models are scored on held-out scans of another
-seed, predicted whole (last.pt; a 4-scan validation set of a third seed, checked once after the last epoch, only
-keeps the trainer's report and chooses nothing): foreground IoU (curve vs background, whatever the class), IoU per
+seed, predicted whole (best.pt: a 4-scan validation set of a third seed is checked once, after the last epoch,
+so best.pt holds the final weights -- the averaged ones under train.ema -- and chooses nothing): foreground IoU (curve vs background, whatever the class), IoU per
 class, foreground IoU by width third (the narrowest, middle and widest third of the held-out scans), optimizer
 steps, training seconds and padding waste (padded / real pixels - 1 of the training batches). Binary and multiclass
 (one class per curve style) tasks, one table each, ``--seeds`` seeds (data, split and initialisation all change with
@@ -260,11 +260,11 @@ def run_recipe(recipe: Recipe, setting: Setting, task: str, seed: int, sets: dic
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     k = len(TASKS[task])
     resize = setting.resize if recipe.serves == "resize" else None
-    scores = {"whole": predict_scores(run_dir / "last.pt", sets["test"], k, resize=resize)}
+    scores = {"whole": predict_scores(run_dir / "best.pt", sets["test"], k, resize=resize)}
     if recipe.tiled:
-        scores["tiled"] = predict_scores(run_dir / "last.pt", sets["test"], k, tile=setting.crop[0] * setting.crop[1])
+        scores["tiled"] = predict_scores(run_dir / "best.pt", sets["test"], k, tile=setting.crop[0] * setting.crop[1])
     row = {"recipe": recipe.name, "task": task, "seed": seed, "epochs": cfg.train.epochs, "steps": rows[-1]["step"]}
-    row["checkpoint"] = run_dir / "last.pt"  # for the resolution table; not written to the JSON
+    row["checkpoint"] = run_dir / "best.pt"  # for the resolution table; not written to the JSON
     row |= {"seconds": round(seconds, 1), "waste": training_waste(recipe, cfg, sizes, setting)}
     for how, score in scores.items():
         row[how] = {"fg_iou": score.foreground_iou(), "class_iou": score.class_iou(), "thirds": score.third_iou()}

@@ -16,6 +16,7 @@ from helpers import labels, rgb, write
 # `pytest -m "not slow"` leaves them out, the README's test command (and .ci/run) runs them too. Marked here by test
 # function, measured with --durations: together they take about five sixths of the suite's time.
 SLOW = {
+    "tests/test_train_workflow.py::test_a_lost_torchrun_peer_is_a_message_with_how_to_resume_not_a_traceback",
     "tests/test_adapter_runs.py::test_an_adapter_exports_to_onnx_and_matches_onnxruntime",
     "tests/test_adapter_runs.py::test_an_adapter_trains_from_yaml_and_resumes_to_the_same_bits",
     "tests/test_adapter_runs.py::test_an_adapter_with_masked_norms_trains_under_torchrun",

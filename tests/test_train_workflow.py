@@ -324,3 +324,59 @@ def test_a_run_folder_removed_under_a_running_train_stops_it_saying_what_was_los
     assert f"{run} (or its .srforge.lock) was removed while this run was writing into it" in err
     assert "this run stops without writing best.pt" in err and "Traceback" not in err
     assert not (run / "last.pt").exists() and not (run / "metrics.jsonl").exists()
+
+
+PEER_GONE = """
+import os, sys
+import torch
+from srforge.models import UNet
+
+real_forward, seen = UNet.forward, []
+
+
+def forward(self, image, sizes=None):  # rank 1 loses its peer in epoch 2, as gloo reports a rank that was killed
+    if torch.is_grad_enabled():
+        seen.append(1)
+        if os.environ["RANK"] == "1" and len(seen) == 7:  # 3 in the memory probe, 3 batches an epoch
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection reset by peer (simulated)")
+    return real_forward(self, image, sizes)
+
+
+UNet.forward = forward
+from srforge.cli import main_train
+
+sys.exit(main_train())
+"""
+
+
+def test_a_lost_torchrun_peer_is_a_message_with_how_to_resume_not_a_traceback(tmp_path):
+    from test_train import torchrun_two
+
+    script = tmp_path / "peer_gone.py"
+    script.write_text(PEER_GONE)
+    args = ["--config", str(ROOT / "configs" / "custom_dataset.yaml"), f"run.dir={tmp_path / 'ddp'}",
+            "data.dataset.args.n=12", "data.batch_size=2", "model.base_channels=4", "train.epochs=2"]  # fmt: skip
+    done = torchrun_two(script, *args, cwd=ROOT)
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert "another process of this torchrun job stopped ([gloo/transport/tcp/pair.cc:534] Connection reset" in said
+    assert f"{tmp_path / 'ddp' / 'last.pt'} holds the end of epoch 1" in said and "--nproc_per_node=2" in said
+    assert "srforge/train/trainer.py" not in said  # no traceback of srforge's
+    assert load_checkpoint(tmp_path / "ddp" / "last.pt")["epoch"] == 1
+    resumed = torchrun_two(ROOT / "scripts" / "train.py", *args, "--resume", str(tmp_path / "ddp"), cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert load_checkpoint(tmp_path / "ddp" / "last.pt")["epoch"] == 2
+
+
+def test_a_mid_epoch_checkpoint_of_two_processes_is_not_resumed_by_one(tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=2, stop_after=1))
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    assert ckpt["world"] == 1
+    ckpt.update(world=2, batches_done=1)
+    torch.save(ckpt, run / "last.pt")
+    with pytest.raises(ValueError, match=r"written in the middle of epoch 2 by 2 process\(es\), and this run has 1"):
+        train(tiny_config(run, epochs=2), resume=run)
+    ckpt.update(batches_done=0)  # at an epoch's end the batches are dealt anew: any number of processes may resume
+    torch.save(ckpt, run / "last.pt")
+    assert train(tiny_config(run, epochs=2), resume=run)["epoch"] == 2

@@ -6,8 +6,8 @@
     2    the user's input: a bad config or argument, a missing or unusable file, bad data, a run folder that
          holds another run or is in use by another process, an optional package the model or format needs
     3    stopped by the system, resumable: a DataLoader worker was killed (the out-of-memory killer, most
-         often), or one scan's step did not fit the device even alone; last.pt holds the batch reached, and
-         --resume RUN_DIR continues
+         often), another torchrun process died, or one scan's step did not fit the device even alone; last.pt
+         holds the batch reached (or the last epoch's end), and --resume RUN_DIR continues
     130  interrupted (Ctrl-C)
     143  terminated (SIGTERM: Slurm, Kubernetes, a spot instance's notice); srforge-train wrote last.pt at the
          batch reached first, as for Ctrl-C
@@ -46,7 +46,8 @@ def _stopped_by_system() -> tuple[type[BaseException], ...]:
     """Exception classes that mean the system stopped a resumable run (status 3), imported only if loaded: a lost
     DataLoader worker, a scan whose step does not fit the device even alone (last.pt is written for both)."""
     found = []
-    for module, name in (("srforge.train.stop", "WorkerLostError"), ("srforge.train.memory", "ScanTooLargeError")):
+    stops = (("srforge.train.stop", "WorkerLostError"), ("srforge.train.stop", "PeerLostError"))
+    for module, name in (*stops, ("srforge.train.memory", "ScanTooLargeError")):
         loaded = sys.modules.get(module)
         if loaded is not None:
             found.append(getattr(loaded, name))

@@ -70,6 +70,7 @@ def main_train(argv=None) -> int:
     from srforge.locks import FolderLockedError, FolderLostError
     from srforge.runtime.signals import terminate_as_interrupt
     from srforge.train import NonFiniteLossError, ScanTooLargeError, WorkerLostError, train
+    from srforge.train.stop import PeerLostError
 
     parser = argparse.ArgumentParser(prog=PROG, description=main_train.__doc__)
     parser.add_argument(
@@ -100,6 +101,7 @@ def main_train(argv=None) -> int:
     except (
         NonFiniteLossError,
         WorkerLostError,
+        PeerLostError,
         ScanTooLargeError,
         DiskFullError,
         FolderLockedError,

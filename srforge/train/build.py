@@ -29,6 +29,7 @@ from srforge.config.schema import DataSection, ModelSection
 from srforge.constants import UNET_CLASSES, UNET_KEYS
 from srforge.data.adapter import FieldView
 from srforge.data.augment import build_augmentation, scale_range
+from srforge.data.cache import open_cache
 from srforge.data.collate import AlignedCollate
 from srforge.data.crop import crop_shape, crop_sizes
 from srforge.data.rescale import epoch_sizes, scaled_size
@@ -112,6 +113,7 @@ def build_data(data: DataSection, *, num_classes: int, seed: int, run_dir: Path,
     scale = scale_range(recipe.pop("scale")) if "scale" in recipe else None
     augment = build_augmentation(recipe, ignore_index=data.ignore_index) if recipe else None
     checks = {"num_classes": num_classes, "ignore_index": data.ignore_index}
+    checks["cache"] = open_cache(data.cache, data.cache_max_gb)  # data.cache: every view reads through it
     separate = data.val_dataset.class_ is not None
     train_idx, val_idx = train_val_indices(sizes, None if separate else data.val_fraction, seed)
     train = FieldView(dataset, data.fields, train_idx, augment=augment, seed=seed, **checks)

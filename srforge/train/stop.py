@@ -31,6 +31,29 @@ _WORKER_DIED = re.compile(
 _OOM = ", most likely out of memory"  # said of a SIGKILL ("Killed"): what the out-of-memory killer sends
 
 
+# What a collective raises on a surviving rank when another process of the job died (gloo's socket errors, NCCL's
+# aborted communicator): torch.distributed.DistBackendError, or a RuntimeError with one of these in its message.
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "communicator was aborted")
+
+
+class PeerLostError(RuntimeError):
+    """Another process of this torchrun job died under the run; the message says what last.pt holds and how to
+    resume."""
+
+
+def peer_lost(error: BaseException, world: int) -> str | None:
+    """What a failed collective says about another rank that died, as one sentence; None for any other error or
+    in a single process."""
+    if world < 2 or not isinstance(error, RuntimeError):
+        return None
+    backend = getattr(__import__("torch").distributed, "DistBackendError", ())
+    text = str(error)
+    if not (isinstance(error, backend) or any(part in text for part in _PEER_GONE)):
+        return None
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    return f"another process of this torchrun job stopped ({first[:160]})"
+
+
 class WorkerLostError(RuntimeError):
     """A DataLoader worker process died under the run (killed by a signal, the out-of-memory killer most often);
     the message names it, says what ``last.pt`` holds and how to continue."""

@@ -76,7 +76,7 @@ from srforge.train.memory import PixelBudget, ScanTooLargeError, plan_memory, sc
 from srforge.train.metrics import confusion_matrix, scores
 from srforge.train.prepare import write_run_config
 from srforge.train.rng import rng_state, seed_everything, set_rng_state
-from srforge.train.stop import WorkerLostError, cause, worker_lost
+from srforge.train.stop import PeerLostError, WorkerLostError, cause, peer_lost, worker_lost
 
 
 class NonFiniteLossError(RuntimeError):
@@ -193,6 +193,12 @@ class Trainer:
             self.call("after_train")
             raise
         except RuntimeError as error:
+            peer = peer_lost(error, self.processes.world)
+            if peer is not None:  # the group is broken: nothing more can be agreed on, last.pt stays as saved
+                raise PeerLostError(
+                    f"{peer}; {self.saved_at_epoch_end()} Resume the job as it was started (torchrun "
+                    f"--nproc_per_node={self.processes.world} ...) with --resume {self.run_dir}"
+                ) from None
             too_large = isinstance(error, ScanTooLargeError)
             self.stopped_by = str(error) if too_large else worker_lost(error)
             if self.stopped_by is None:
@@ -495,6 +501,7 @@ class Trainer:
             "epoch": self.epoch + 1 if epoch_end else self.epoch,
             "step": self.step,
             "batches_done": 0 if epoch_end else self.batches_done,
+            "world": self.processes.world,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -509,6 +516,15 @@ class Trainer:
         """Restore what :meth:`state_dict` saved. A hook's state is given to the configured hook of that name; a
         state no hook claims is left alone (a checkpoint names no code to run). The random generators last."""
         self.epoch, self.step, self.batches_done = state["epoch"], state["step"], state.get("batches_done", 0)
+        saved_world = state.get("world", self.processes.world)
+        if self.batches_done and saved_world != self.processes.world:
+            raise ConfigError(
+                f"--resume: this checkpoint was written in the middle of epoch {self.epoch + 1} by {saved_world} "
+                f"process(es), and this run has {self.processes.world}: each process's share of the epoch's batches "
+                f"depends on their number, so the batches done cannot be skipped exactly. Resume with "
+                f"{saved_world} process(es) (torchrun --nproc_per_node={saved_world}), or from a checkpoint written "
+                "at the end of an epoch."
+            )
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError as error:  # the model's code changed since the checkpoint: other shapes or names
@@ -555,6 +571,12 @@ class Trainer:
             method = getattr(hook, event, None)
             if method is not None:
                 method()
+
+    def saved_at_epoch_end(self) -> str:
+        """What last.pt holds when a run must stop without writing it: 'RUN/last.pt holds the end of epoch N.'"""
+        if self.epoch == 0:
+            return f"no epoch had ended, so {self.run_dir} holds no last.pt of this run (start it again)."
+        return f"{self.run_dir / 'last.pt'} holds the end of epoch {self.epoch}."
 
     def stop_error(self, kind: type) -> RuntimeError:
         """The error (``kind``) a resumable stop other than Ctrl-C / SIGTERM ends the run with: what happened, what
