@@ -16,8 +16,8 @@ Each recipe sees the same number of real (unpadded) training pixels: ``--epochs`
 as many epochs of crops or resized scans as give that many pixels. Models are scored on held-out scans of another
 seed, predicted whole (best.pt: a 4-scan validation set of a third seed is checked once, after the last epoch,
 so best.pt holds the final weights -- the averaged ones under train.ema -- and chooses nothing): foreground IoU
-(curve vs background, whatever the class), IoU per class, foreground IoU by width third (the narrowest, middle and widest third of the held-out scans), optimizer
-steps, training seconds and padding waste (padded / real pixels - 1 of the training batches). Binary and multiclass
+(curve vs background, whatever the class), IoU per class, foreground IoU by width third (the narrowest, middle
+and widest third of the held-out scans), optimizer steps, training seconds and padding waste (padded / real pixels - 1 of the training batches). Binary and multiclass
 (one class per curve style) tasks, one table each, ``--seeds`` seeds (data, split and initialisation all change with
 the seed).
 
