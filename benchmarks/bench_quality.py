@@ -17,9 +17,9 @@ as many epochs of crops or resized scans as give that many pixels. Models are sc
 seed, predicted whole (best.pt: a 4-scan validation set of a third seed is checked once, after the last epoch,
 so best.pt holds the final weights -- the averaged ones under train.ema -- and chooses nothing): foreground IoU
 (curve vs background, whatever the class), IoU per class, foreground IoU by width third (the narrowest, middle
-and widest third of the held-out scans), optimizer steps, training seconds and padding waste (padded / real pixels - 1 of the training batches). Binary and multiclass
-(one class per curve style) tasks, one table each, ``--seeds`` seeds (data, split and initialisation all change with
-the seed).
+and widest third of the held-out scans), optimizer steps, training seconds and padding waste (padded / real
+pixels - 1 of the training batches). Binary and multiclass (one class per curve style) tasks, one table each,
+``--seeds`` seeds (data, split and initialisation all change with the seed).
 
 ``--resolution`` adds the last table: binary models of the default recipe scored on held-out scans at 0.5x, 1x and
 2x the scans' scale, trained on a set that mixes resolutions from 0.5x to 2x (``data.synthetic.scale``), on 1x
