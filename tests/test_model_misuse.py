@@ -198,3 +198,75 @@ def test_duplicate_keys_in_a_config_file_are_an_error_naming_both_lines(tmp_path
         load_config(str(path), [])
     with pytest.raises(ConfigError, match="is a folder, not a config file"):
         load_config(str(tmp_path), [])
+
+
+class RaisesInInit(TinyNet):
+    def __init__(self, **kwargs):
+        raise KeyError("no such layer")
+
+
+def test_a_model_whose_init_raises_is_exit_2_naming_it(tmp_path, capsys):
+    root = scan_folder(tmp_path / "data", n=4)
+    cfg = _config(tmp_path / "run", root, **{"class": "test_model_misuse:RaisesInInit", "args": {}})
+    assert main_train(["--config", _yaml(tmp_path, cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "test_model_misuse.RaisesInInit(in_channels=3, num_classes=2) raised KeyError: 'no such layer'" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "state, named",
+    [
+        ({f"backbone.{k}": v for k, v in TinyNet(width=6).state_dict().items()}, "none of its tensors fits the model"),
+        ({k: v.long() for k, v in TinyNet(width=6).state_dict().items()}, "is torch.int64 in the file and torch.float32"),
+        ({k: v * float("nan") for k, v in TinyNet(width=6).state_dict().items()}, "holds NaN or infinite values"),
+    ],
+    ids=["prefixed names", "int64", "NaN"],
+)
+def test_weights_that_would_load_wrong_without_a_word_are_refused(tmp_path, capsys, state, named):
+    root = scan_folder(tmp_path / "data", n=4)
+    weights = tmp_path / "w.pt"
+    torch.save(state, weights)
+    cfg = _config(tmp_path / "run", root, weights=str(weights), weights_strict=False)
+    assert main_train(["--config", _yaml(tmp_path, cfg)]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+    (tmp_path / "dir.pt").mkdir()
+    cfg = _config(tmp_path / "run", root, weights=str(tmp_path / "dir.pt"))
+    assert main_train(["--config", _yaml(tmp_path, cfg)]) == 2
+    assert "dir.pt is a folder, not a state-dict file" in capsys.readouterr().err
+
+
+def test_an_override_of_one_of_a_pair_replaces_the_other_and_says_so(capsys):
+    from srforge.config import load_config
+
+    cfg = load_config("configs/quickstart.yaml", ["data.batch_size=8"])
+    assert (cfg.data.batch_size, cfg.data.max_pixels) == (8, None)
+    assert "data.batch_size given on the command line: data.max_pixels (30000) set to null" in capsys.readouterr().out
+    cfg = load_config("configs/quickstart.yaml", ["model.class=test_any_model:TinyNet"])
+    assert cfg.model.depth == 5 and cfg.model.class_ == "test_any_model:TinyNet"
+    assert "the UNet keys base_channels, depth reset" in capsys.readouterr().out
+
+
+def test_deep_padding_and_tiny_rescaling_are_warned_about(tmp_path, capsys):
+    from test_train import tiny_config
+
+    cfg = tiny_config(tmp_path / "deep", epochs=1)
+    cfg["model"]["depth"] = 4  # divisor 16 on scans of 12-16 x 20-83 px
+    cfg["data"]["augment"] = {"scale": [0.1, 0.2]}
+    train(resolve(cfg))
+    out = capsys.readouterr().out
+    assert "warning: the model's size divisor 16 pads the training scans to" in out
+    assert "warning: data.augment.scale=[0.1, 0.2] shrinks every training scan to at most 3 px" in out
+
+
+def test_predicting_a_masks_folder_or_a_dataset_root_is_warned_about(tmp_path, capsys):
+    from test_train import tiny_config
+
+    train(tiny_config(tmp_path / "run", epochs=1))
+    root = scan_folder(tmp_path / "data", n=3)
+    ckpt = str(tmp_path / "run" / "best.pt")
+    for given, said in ((root / "masks", "looks like a folder of masks"), (root, "looks like a labelled dataset's root")):
+        out = tmp_path / f"out_{given.name}"
+        assert main_predict(["--checkpoint", ckpt, "--input", str(given), "--output", str(out), "--no-progress"]) == 0
+        assert said in capsys.readouterr().err

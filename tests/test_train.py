@@ -276,6 +276,7 @@ def test_two_processes_with_torchrun_gloo(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     # Only rank 0 writes; 8 training scans in batches of 2 = 4 batches, 2 per rank per epoch.
     assert [r["epoch"] for r in rows] == [1, 2] and [r["step"] for r in rows] == [2, 4]
+    assert done.stdout.count("srforge: done.") == 1  # rank 0 alone speaks
     ckpt = load_checkpoint(tmp_path / "ddp" / "last.pt")
     assert not any(k.startswith("module.") for k in ckpt["model"])
 

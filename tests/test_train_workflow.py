@@ -380,3 +380,18 @@ def test_a_mid_epoch_checkpoint_of_two_processes_is_not_resumed_by_one(tmp_path)
     ckpt.update(batches_done=0)  # at an epoch's end the batches are dealt anew: any number of processes may resume
     torch.save(ckpt, run / "last.pt")
     assert train(tiny_config(run, epochs=2), resume=run)["epoch"] == 2
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_requeued_by_resume(tmp_path, capsys):
+    run = tmp_path / "run"
+    config_file = tmp_path / "cfg.yaml"
+    config_file.write_text(yaml.safe_dump(tiny_config(run, epochs=1)))
+    run.mkdir()
+    (run / "config.yaml").write_text(config_file.read_text())  # what a run stopped during its first epoch leaves
+    assert main_train(["--resume", str(run)]) == 0
+    assert f"{run.resolve()} holds no checkpoint yet" in capsys.readouterr().out
+    assert load_checkpoint(run / "last.pt")["epoch"] == 1
+    (run / "last.pt").unlink()  # best.pt written, then the disk was full at last.pt
+    assert main_train(["--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{(run / 'best.pt').resolve()} does: continue from it with --resume {run / 'best.pt'}" in err

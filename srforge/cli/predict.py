@@ -205,6 +205,22 @@ def main_predict(argv=None) -> int:
             return fail(PROG, exc, f"{note} (finished scans are skipped)")
 
 
+def looks_like_masks(folder: Path) -> str | None:
+    """What is wrong with an input folder that holds ground-truth masks rather than scans: a ``masks`` folder with an
+    ``images`` folder beside it, or a labelled dataset's root (``images/`` and ``masks/`` inside, both of which
+    would be predicted). None for anything else (a file, an archive, a folder of scans)."""
+    if not folder.is_dir():
+        return None
+    if folder.name == "masks" and (folder.parent / "images").is_dir():
+        return f"{folder.resolve()} looks like a folder of masks (an images/ folder is beside it): give the scans"
+    if (folder / "images").is_dir() and (folder / "masks").is_dir():
+        return (
+            f"{folder.resolve()} looks like a labelled dataset's root: its masks/ would be predicted as scans too; "
+            f"give {folder / 'images'}, or score the model with scripts/evaluate.py"
+        )
+    return None
+
+
 def _predict(args) -> int:
     from srforge.extras import MissingExtraError
     from srforge.locks import FolderLockedError
@@ -221,6 +237,9 @@ def _predict(args) -> int:
         archive.close()
         print(f"{PROG}: error: no scans found in {args.input}", file=sys.stderr)
         return RUN_FAILED
+    looks = looks_like_masks(Path(args.input))
+    if looks and environment().main:
+        print(f"srforge: warning: {looks}; predicting it all the same", file=sys.stderr)
     options = {k: getattr(args, k) for k in ("overlay", "probabilities", "overwrite", "strict")}
     workers = default_workers() if args.workers is None else args.workers
     try:

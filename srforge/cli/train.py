@@ -10,6 +10,7 @@ worker the system killed writes last.pt too and exits with 3. ``--resume RUN_DIR
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from srforge.cli.errors import fail
 
@@ -25,6 +26,17 @@ def _names_run_dir(overrides: list[str]) -> bool:
         if path == "run.dir" or (path == "run" and isinstance(value, dict) and "dir" in value):
             return True
     return False
+
+
+def _nothing_saved_yet(resume: str, config: str | None) -> bool:
+    """Whether ``--resume RUN_DIR`` names a run folder (there or not yet) that holds no checkpoint and no metrics,
+    while a config to start it from is at hand (``--config``, or the folder's config.yaml): a job stopped during
+    set-up or its first epoch, requeued with the same command line."""
+    folder = Path(resume)
+    if folder.suffix == ".pt" or (folder.exists() and not folder.is_dir()):
+        return False
+    saved = any((folder / name).exists() for name in ("last.pt", "best.pt", "metrics.jsonl"))
+    return not saved and (config is not None or (folder / "config.yaml").is_file())
 
 
 def _train_config(config: str | None, resume: str | None, overrides: list[str]) -> tuple[dict, dict | None]:
@@ -44,6 +56,11 @@ def _train_config(config: str | None, resume: str | None, overrides: list[str]) 
         return load_config(config or "configs/quickstart.yaml", overrides), None
     checkpoint = checkpoint_file(resume)
     folder = checkpoint.parent
+    if not checkpoint.exists() and (folder / "best.pt").is_file():
+        raise FileNotFoundError(
+            f"{checkpoint.resolve()} does not exist (the run's first last.pt was not written: a full disk?), but "
+            f"{(folder / 'best.pt').resolve()} does: continue from it with --resume {folder / 'best.pt'}"
+        )
     ckpt = load_checkpoint(checkpoint)  # refuses what is not a well-formed srforge checkpoint, before any write
     if config is not None:
         cfg = load_config(config, overrides)
@@ -91,6 +108,12 @@ def main_train(argv=None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides, values read as YAML")
     args = parser.parse_args(argv)
     try:
+        if args.resume is not None and _nothing_saved_yet(args.resume, args.config):  # stopped before a checkpoint
+            folder = Path(args.resume).resolve()
+            args.config = args.config or str(folder / "config.yaml")
+            args.resume, args.overrides = None, [*args.overrides, f"run.dir={folder}"]
+            print(f"srforge: {folder} holds no checkpoint yet (the run stopped before its first epoch ended): "
+                  f"starting it again from {args.config}")  # fmt: skip
         cfg, ckpt = _train_config(args.config, args.resume, args.overrides)
         check_before_training(cfg)
     except (ConfigError, FileNotFoundError, ValueError, MissingExtraError) as exc:
@@ -115,10 +138,13 @@ def main_train(argv=None) -> int:
         # FileNotFoundError: pretrained weights that cannot be had offline (WeightsUnavailableError), a file gone;
         # MissingExtraError: a model or weights file needs an optional package (the message names its extra)
         return fail(PROG, exc)
-    if summary.get("val_iou") is not None:
+    from srforge.runtime.distributed import environment
+
+    if summary.get("val_iou") is not None and environment().main:  # under torchrun, rank 0 alone speaks
         per_class = ", ".join(f"{n} {v:.4f}" for n, v in zip(summary["class_names"], summary["val_iou"]))
         print(
             f"srforge: done. validation IoU {per_class} (mean {summary['val_mean_iou']:.4f}); "
-            f"best validation mean IoU {summary['best_mean_iou']:.4f}; run directory {summary['run_dir']}"
+            f"best validation mean IoU {summary['best_mean_iou']:.4f}; run directory "
+            f"{Path(summary['run_dir']).resolve()}"
         )
     return 0

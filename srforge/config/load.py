@@ -44,6 +44,7 @@ def resolve(user: Mapping | None = None, overrides: list[str] = ()) -> Config:
         except ConfigError as exc:
             raise blame_override(text, exc) from None
         paths.append((path, text))
+        replace_the_partner(cfg, path)
     try:
         cfg.check()
     except ConfigError as exc:
@@ -52,6 +53,32 @@ def resolve(user: Mapping | None = None, overrides: list[str] = ()) -> Config:
             raise
         raise blame_override(culprits[-1], exc) from None
     return cfg
+
+
+# An override of one key of these pairs replaces the other, which the file may have set: they cannot both be given.
+PARTNERS = {"data.batch_size": "data.max_pixels", "data.max_pixels": "data.batch_size"}
+
+
+def replace_the_partner(cfg: Config, path: str) -> None:
+    """After the override of ``path``: set to a value, data.batch_size nulls data.max_pixels and the other way round;
+    a model.class other than srforge's UNet resets the UNet keys (which only the UNet takes) to their defaults.
+    Each change is one line on the console, so that the intent of the command line is plain."""
+    from srforge.config.schema import ModelSection
+    from srforge.constants import UNET_CLASSES, UNET_KEYS
+
+    if path in PARTNERS and get(cfg, path) is not None:
+        partner = PARTNERS[path]
+        section, key = partner.split(".")
+        if cfg[section][key] is not None:
+            print(f"srforge: {path} given on the command line: {partner} ({cfg[section][key]}) set to null")
+            cfg[section][key] = None
+    if path in ("model.class", "model") and cfg.model.class_ not in UNET_CLASSES:
+        changed = [k for k in UNET_KEYS if cfg.model[k] != ModelSection.__dict__[k].default]
+        for k in changed:
+            cfg.model[k] = ModelSection.__dict__[k].default
+        if changed:
+            reset = ", ".join(changed)
+            print(f"srforge: model.class={cfg.model.class_} given: the UNet keys {reset} reset (the UNet's only)")
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:

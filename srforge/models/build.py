@@ -84,6 +84,13 @@ def construct(cls: type[nn.Module], kwargs: Mapping[str, Any], where: str) -> nn
         raise ValueError(
             f"{where}: {cls.__module__}.{cls.__qualname__} could not be built with {dict(kwargs)} ({exc}){takes}."
         ) from None
+    except (ValueError, ImportError, OSError):  # srforge's own and the adapters' messages: already clear
+        raise
+    except Exception as exc:  # any other failure of the user's __init__: named, without a traceback
+        raise ValueError(
+            f"{where}: {cls.__module__}.{cls.__qualname__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) "
+            f"raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def convert_norms(model: nn.Module, norm: str, where: str) -> nn.Module:

@@ -59,9 +59,12 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise ValueError(
             f"model.weights: {path}: expected a {', '.join(SUFFIXES)} state-dict file, found '{path.suffix}'."
         )
+    if path.is_dir():
+        raise ValueError(f"model.weights: {path.resolve()} is a folder, not a state-dict file ({', '.join(SUFFIXES)}).")
     if not path.is_file():
         raise ValueError(
-            f"model.weights: {path} does not exist; give the path of a state-dict file ({', '.join(SUFFIXES)})."
+            f"model.weights: {path.resolve()} does not exist; give the path of a state-dict file "
+            f"({', '.join(SUFFIXES)})."
         )
     if path.suffix == ".safetensors":
         try:
@@ -153,7 +156,37 @@ def load_weights(model: nn.Module, weights: WeightsFile) -> str:
             f"{', '.join(parts)}. Load only the tensors that fit with model.weights_strict: false, or a backbone's "
             "weights into the encoder alone with model.weights_into: encoder."
         )
-    shapes = {name: tensor.shape for name, tensor in target.state_dict().items()}
-    fitting = {name: t for name, t in state.items() if name in shapes and t.shape == shapes[name]}
+    own = target.state_dict()
+    fitting = {name: t for name, t in state.items() if name in own and t.shape == own[name].shape}
+    check_values(weights, fitting, own, unexpected)
     target.load_state_dict(fitting, strict=False)
     return f"loaded {weights.path} into {weights.into}: {len(fitting)} tensors, {', '.join(parts)}"
+
+
+def check_values(weights: WeightsFile, fitting: Mapping, own: Mapping, unexpected: list[str]) -> None:
+    """A ValueError for a load that would go wrong without a word: none of the file's tensors fits (names that
+    differ, often by a prefix), a tensor of another kind (int64 or bool where the model holds floats: casting would
+    make up weights), or NaN / infinite weights (training would blame the first batch)."""
+    if not fitting and own:
+        hint = ""
+        if unexpected:
+            model_name = next(iter(own))
+            hint = f"; the file names e.g. {unexpected[0]!r}, the model {model_name!r} (a prefix to strip?)"
+        raise ValueError(
+            f"model.weights: {weights.path}: none of its tensors fits the {weights.into}, so nothing would be "
+            f"loaded{hint}. Save the weights under the model's own names, or load into the encoder "
+            "(model.weights_into: encoder)."
+        )
+    for name, tensor in fitting.items():
+        if tensor.is_floating_point() != own[name].is_floating_point() or (tensor.dtype == torch.bool) != (
+            own[name].dtype == torch.bool
+        ):
+            raise ValueError(
+                f"model.weights: {weights.path}: tensor {name!r} is {tensor.dtype} in the file and "
+                f"{own[name].dtype} in the model; it would be cast without a word. Save the weights the model holds."
+            )
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(
+                f"model.weights: {weights.path}: tensor {name!r} holds NaN or infinite values; these weights would "
+                "make every loss non-finite. Use a file saved before training diverged."
+            )

@@ -35,7 +35,7 @@ from srforge.data.crop import crop_shape, crop_sizes
 from srforge.data.rescale import epoch_sizes, scaled_size
 from srforge.data.sampling import SizeGroupedBatchSampler, train_val_indices, training_sampler
 from srforge.data.sizes import dataset_sizes
-from srforge.geometry import depth_problem
+from srforge.geometry import aligned_size, depth_problem
 from srforge.models.build import create_model
 from srforge.models.weights import WeightsFile
 from srforge.runtime.device import cpu_has_native_bf16, resolve_device
@@ -352,3 +352,28 @@ def crop_training_scans(data: Data, crop: int | list | None, divisor: int) -> No
         raise ConfigError(str(error)) from None
     data.train.crop = shape
     data.train_sizes = crop_sizes(data.train_sizes, shape)
+
+
+def scan_warnings(data: Data, divisor: int) -> list[str]:
+    """Lines for a training set that will train poorly without an error: a size divisor that more than doubles the
+    scans' pixels with padding (a deep model on small scans), and a rescaling range that shrinks every scan to a few
+    pixels on its shorter side (``data.augment.scale`` far below 1)."""
+    lines = []
+    true = sum(h * w for h, w in data.train_sizes)
+    aligned = [aligned_size(h, w, divisor) for h, w in data.train_sizes]
+    padded = sum(h * w for h, w in aligned)
+    if true and padded > 2 * true:
+        (h, w), (ha, wa) = data.train_sizes[0], aligned[0]
+        lines.append(
+            f"the model's size divisor {divisor} pads the training scans to {padded / true:.1f}x their pixels (e.g. "
+            f"{h} x {w} -> {ha} x {wa}), which costs memory and time; a model with fewer stride-2 stages (a smaller "
+            "size_divisor) pads less"
+        )
+    scale = data.train.scale
+    shortest = max((min(h, w) for h, w in data.train_sizes), default=0)
+    if scale is not None and shortest < 8:
+        lines.append(
+            f"data.augment.scale={list(scale)} shrinks every training scan to at most {shortest} px on its shorter "
+            "side: too few pixels to learn from; a range nearer 1 (e.g. [0.5, 2]) keeps the curves"
+        )
+    return lines

@@ -66,6 +66,7 @@ from srforge.train.build import (
     build_model,
     build_optimization,
     crop_training_scans,
+    scan_warnings,
     set_checkpointing,
     training_device,
     wrap_for_training,
@@ -125,6 +126,9 @@ class Trainer:
         self.model, self.model_args = build_model(cfg.model, self.device, tcfg.channels_last, load_weights=ckpt is None)
         set_checkpointing(self.model, cfg.model.checkpointing)
         crop_training_scans(data, dcfg.crop, self.model.size_divisor)
+        if processes.main:
+            for line in scan_warnings(data, self.model.size_divisor):
+                print(f"srforge: warning: {line}")
         self.loss = functools.partial(segmentation_loss, ignore_index=dcfg.ignore_index, dice_weight=tcfg.dice_weight)
         self.memory, pixels = plan_memory(cfg, self.model, data, self.device, processes)
         self.loaders = build_loaders(
