@@ -240,3 +240,16 @@ def test_bad_divisors_and_positions():
         AlignedCollate()([_scan("a", 4, 4), Pairs()[0]])
     with pytest.raises(ValueError, match="already have a field 'sizes'"):
         AlignedCollate(pad={"image": 0})([Entry(image=torch.zeros(1, 2, 2), sizes=1)])
+
+
+def test_channels_last_batches_equal_the_default_and_are_laid_out_channels_last():
+    """Scans as read_image gives them ([C, H, W] views of [H, W, C] pixels) collate to the same values either way; with
+    channels_last the image batch has torch.channels_last strides, so each scan is copied in row by row."""
+    scans = [torch.randint(0, 256, (h, w, 3), dtype=torch.uint8).permute(2, 0, 1) for h, w in ((5, 9), (7, 4))]
+    samples = [
+        Entry(name=f"s{i}", image=s, mask=torch.zeros(s.shape[1:], dtype=torch.uint8)) for i, s in enumerate(scans)
+    ]
+    plain, last = AlignedCollate(4)(samples), AlignedCollate(4, channels_last=True)(samples)
+    assert same(plain, last) and plain.image.is_contiguous()
+    assert last.image.is_contiguous(memory_format=torch.channels_last) and last.mask.is_contiguous()
+    assert "channels_last=True" in repr(AlignedCollate(4, channels_last=True))

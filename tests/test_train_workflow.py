@@ -21,6 +21,7 @@ from torch.utils.data import get_worker_info
 import srforge.train.hooks as state_module
 import srforge.train.trainer as step_module
 from srforge.cli import main_train
+from srforge.config import resolve
 from srforge.runtime.checkpoint import load_checkpoint
 from srforge.train import RunExistsError, train
 from srforge.train.stop import worker_lost
@@ -193,7 +194,7 @@ def test_sigterm_mid_epoch_writes_last_pt_and_the_resumed_run_is_bit_identical(t
     assert (saved["epoch"], saved["batches_done"], saved["step"]) == (1, 1, 4)
     assert f"interrupted; wrote {run / 'last.pt'} at epoch 2, batch 1 (SIGTERM). Continue with --resume {run}" in out
     assert "Traceback" not in out
-    assert main_train(["--resume", str(run), "data.dataset.args.hold_at=null"]) == 0
+    assert main_train(["--resume", str(run), "data.dataset.args.hold_at=null", "--allow-changes"]) == 0
     assert f"resuming {run} at epoch 2, step 4" in capsys.readouterr().out
     train(config(tmp_path / "straight"))
     assert same_weights(run / "last.pt", tmp_path / "straight" / "last.pt")
@@ -344,6 +345,7 @@ def forward(self, image, sizes=None):  # rank 1 loses its peer in epoch 2, as gl
 
 UNet.forward = forward
 from srforge.cli import main_train
+from srforge.config import resolve
 
 sys.exit(main_train())
 """
@@ -395,3 +397,17 @@ def test_a_run_stopped_before_its_first_checkpoint_is_requeued_by_resume(tmp_pat
     assert main_train(["--resume", str(run)]) == 2
     err = capsys.readouterr().err
     assert f"{(run / 'best.pt').resolve()} does: continue from it with --resume {run / 'best.pt'}" in err
+
+
+def test_a_resume_on_other_data_is_refused_unless_asked_and_other_changes_are_said(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=2, stop_after=1))
+    other = tiny_config(run, epochs=2)
+    other["data"]["dataset"]["args"]["n"] = 12
+    with pytest.raises(ValueError, match=r"other data than the checkpoint's \(data.dataset.args.n: 10 -> 12\)"):
+        train(resolve(other), resume=run)
+    assert load_checkpoint(run / "last.pt")["epoch"] == 1
+    assert main_train(["--resume", str(run), "data.dataset.args.n=12", "train.lr=0.02"]) == 2
+    assert main_train(["--resume", str(run), "data.dataset.args.n=12", "train.lr=0.02", "--allow-changes"]) == 0
+    out = capsys.readouterr().out
+    assert "resuming with a changed config: data.dataset.args.n: 10 -> 12" in out and "train.lr: 0.01 -> 0.02" in out

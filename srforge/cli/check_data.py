@@ -4,6 +4,9 @@ With ``--config FILE`` the settings come from a training config wherever the com
 class count and ignore index of the mask check, the batching of the picture, and its size divisor -- 2**model.depth
 for srforge's UNet, else the ``size_divisor`` of the configured model, built on the CPU (no weights file is read).
 Without it they are the trainer's defaults.
+
+With ``--cache PATH`` (or the config's ``data.cache``) every pair that decodes is also written into the decoded-scan
+cache (:mod:`srforge.data.cache`), with a progress bar, so that training reads even its first epoch at memory speed.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ def main_check_data(argv=None) -> int:
     parser.add_argument(
         "--config", metavar="FILE", help="a training config: the defaults of every setting here, the model's divisor"
     )
+    parser.add_argument(
+        "--cache", metavar="PATH", help="fill this decoded-scan cache folder (data.cache) while checking, with a bar"
+    )
+    parser.add_argument(
+        "--cache-max-gb", type=float, default=None, help="the cache's budget in GB (data.cache_max_gb; default none)"
+    )
     _add_plot_arguments(parser)
     args = parser.parse_args(argv)
     if args.num_classes is not None and args.num_classes < 1:
@@ -51,6 +60,8 @@ def main_check_data(argv=None) -> int:
         num_classes=args.num_classes,
         ignore_index=args.ignore_index,
         image_mode=args.image_mode,
+        cache=_open_cache(parser, args),
+        progress=args.cache is not None,
     )
     for problem in problems:
         print(problem, file=sys.stderr)
@@ -58,6 +69,18 @@ def main_check_data(argv=None) -> int:
     if args.plot and not _plot_layout(args):
         return 1
     return 1 if problems else 0
+
+
+def _open_cache(parser: argparse.ArgumentParser, args):
+    """The decoded-scan cache of --cache (None without it); a folder that cannot be a cache exits 2 naming it."""
+    from srforge.data.cache import DecodedCache
+
+    if args.cache is None:
+        return None
+    try:
+        return DecodedCache(args.cache, args.cache_max_gb)
+    except ValueError as exc:  # DataError: not a cache folder, cannot be made; a budget <= 0
+        parser.error(f"--cache: {exc}")
 
 
 def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,6 +154,10 @@ def _fill_from_config(parser: argparse.ArgumentParser, args) -> None:
     if args.config and args.num_classes is None:
         args.num_classes = cfg.model.num_classes
     args.ignore_index = cfg.data.ignore_index if args.ignore_index is None else args.ignore_index
+    if args.cache is None:
+        args.cache = cfg.data.cache
+    if args.cache_max_gb is None:
+        args.cache_max_gb = cfg.data.cache_max_gb
     if args.batch_size is None and args.max_pixels is None:
         args.batch_size, args.max_pixels = cfg.data.batch_size, cfg.data.max_pixels
     if args.max_pixels == "auto":  # measured on the training device at start: draw at the CPU's budget instead

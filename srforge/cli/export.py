@@ -39,10 +39,10 @@ def add_allow_model(parser: argparse.ArgumentParser) -> None:
 def main_export(argv=None) -> int:
     """Export a trained srforge checkpoint to ONNX (dynamic batch, H, W) and check it against PyTorch."""
     from srforge.config import import_object
-    from srforge.models.build import import_class
     from srforge.config.trust import check_checkpoint_model
     from srforge.export.onnx import EXTRA, TOLERANCE, OnnxCheckError, check_onnx, export_onnx, require, takes_sizes
     from srforge.extras import MissingExtraError
+    from srforge.models.build import import_class
     from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint
 
     parser = argparse.ArgumentParser(prog=PROG, description=main_export.__doc__)

@@ -78,17 +78,7 @@ def _train_config(config: str | None, resume: str | None, overrides: list[str]) 
     return cfg, ckpt
 
 
-def main_train(argv=None) -> int:
-    """Train a padding-aware U-Net from a YAML config: srforge-train --config configs/X.yaml [key.path=value ...]."""
-    from srforge.atomic import DiskFullError
-    from srforge.config import ConfigError
-    from srforge.config.preflight import check_before_training
-    from srforge.extras import MissingExtraError
-    from srforge.locks import FolderLockedError, FolderLostError
-    from srforge.runtime.signals import terminate_as_interrupt
-    from srforge.train import NonFiniteLossError, ScanTooLargeError, WorkerLostError, train
-    from srforge.train.stop import PeerLostError
-
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=main_train.__doc__)
     parser.add_argument(
         "--config", help="YAML config (default: configs/quickstart.yaml, or the run's own config with --resume)"
@@ -105,22 +95,64 @@ def main_train(argv=None) -> int:
         help="start a new run in a run folder that holds one: its checkpoints, metrics.jsonl/csv and tensorboard/ "
         "are removed first (without it such a folder is refused)",
     )
+    parser.add_argument(
+        "--allow-changes",
+        action="store_true",
+        help="with --resume: continue although the config trains on other data than the checkpoint's (data.dataset, "
+        "data.fields, data.val_fraction, run.seed, ...); without it such a resume is refused",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides, values read as YAML")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _requeued(args) -> None:
+    """``--resume RUN_DIR`` of a run stopped before its first checkpoint: start it again from its config (the
+    ``--config`` given, else the folder's config.yaml), in that folder; ``args`` changed in place."""
+    if args.resume is None or not _nothing_saved_yet(args.resume, args.config):
+        return
+    folder = Path(args.resume).resolve()
+    args.config = args.config or str(folder / "config.yaml")
+    args.resume, args.overrides = None, [*args.overrides, f"run.dir={folder}"]
+    print(f"srforge: {folder} holds no checkpoint yet (the run stopped before its first epoch ended): starting it "
+          f"again from {args.config}")  # fmt: skip
+
+
+def _say_done(summary: dict) -> None:
+    """The closing line (rank 0 alone under torchrun): validation IoU per class, the best, the run folder."""
+    from srforge.runtime.distributed import environment
+
+    if summary.get("val_iou") is None or not environment().main:
+        return
+    per_class = ", ".join(f"{n} {v:.4f}" for n, v in zip(summary["class_names"], summary["val_iou"]))
+    print(
+        f"srforge: done. validation IoU {per_class} (mean {summary['val_mean_iou']:.4f}); best validation mean IoU "
+        f"{summary['best_mean_iou']:.4f}; run directory {Path(summary['run_dir']).resolve()}"
+    )
+
+
+def main_train(argv=None) -> int:
+    """Train a padding-aware U-Net from a YAML config: srforge-train --config configs/X.yaml [key.path=value ...]."""
+    from srforge.atomic import DiskFullError
+    from srforge.config import ConfigError
+    from srforge.config.preflight import check_before_training
+    from srforge.extras import MissingExtraError
+    from srforge.locks import FolderLockedError, FolderLostError
+    from srforge.runtime.signals import terminate_as_interrupt
+    from srforge.train import NonFiniteLossError, ScanTooLargeError, WorkerLostError, train
+    from srforge.train.stop import PeerLostError
+
+    args = _parser().parse_args(argv)
     try:
-        if args.resume is not None and _nothing_saved_yet(args.resume, args.config):  # stopped before a checkpoint
-            folder = Path(args.resume).resolve()
-            args.config = args.config or str(folder / "config.yaml")
-            args.resume, args.overrides = None, [*args.overrides, f"run.dir={folder}"]
-            print(f"srforge: {folder} holds no checkpoint yet (the run stopped before its first epoch ended): "
-                  f"starting it again from {args.config}")  # fmt: skip
+        _requeued(args)
         cfg, ckpt = _train_config(args.config, args.resume, args.overrides)
         check_before_training(cfg)
     except (ConfigError, FileNotFoundError, ValueError, MissingExtraError) as exc:
         return fail(PROG, exc)
     try:
         with terminate_as_interrupt():  # SIGTERM: last.pt at the batch reached, as for Ctrl-C
-            summary = train(cfg, resume=args.resume, checkpoint=ckpt, overwrite=args.overwrite)
+            summary = train(
+                cfg, resume=args.resume, checkpoint=ckpt, overwrite=args.overwrite, allow_changes=args.allow_changes
+            )
     except (
         NonFiniteLossError,
         WorkerLostError,
@@ -138,13 +170,5 @@ def main_train(argv=None) -> int:
         # FileNotFoundError: pretrained weights that cannot be had offline (WeightsUnavailableError), a file gone;
         # MissingExtraError: a model or weights file needs an optional package (the message names its extra)
         return fail(PROG, exc)
-    from srforge.runtime.distributed import environment
-
-    if summary.get("val_iou") is not None and environment().main:  # under torchrun, rank 0 alone speaks
-        per_class = ", ".join(f"{n} {v:.4f}" for n, v in zip(summary["class_names"], summary["val_iou"]))
-        print(
-            f"srforge: done. validation IoU {per_class} (mean {summary['val_mean_iou']:.4f}); "
-            f"best validation mean IoU {summary['best_mean_iou']:.4f}; run directory "
-            f"{Path(summary['run_dir']).resolve()}"
-        )
+    _say_done(summary)
     return 0

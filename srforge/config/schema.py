@@ -203,6 +203,18 @@ class DataSection(Section, path="data"):
         rule=crop_size,
     )
     num_workers: int = key(0, "DataLoader worker processes (0: load in the training process)", minimum=0)
+    cache: str | None = key(
+        None,
+        "a folder for the decoded-scan cache: each scan decoded once, read at memory speed in later epochs and runs "
+        "(srforge-check-data --cache fills it up front); null: decode every read",
+    )
+    cache_max_gb: float | int | None = key(
+        None,
+        "the most GB data.cache may hold: past it no scan is added (said once; training goes on); null: no budget",
+        rule=lambda value, path: (
+            None if value is None else positive("a size in GB > 0, or null for no budget")(value, path)
+        ),
+    )
     augment: dict = key(
         {},
         "per-scan augmentation: scale (rescaling, [lo, hi]), hflip, vflip, affine, color_jitter, noise, crop",

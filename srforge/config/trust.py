@@ -22,11 +22,9 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from srforge.config.errors import ConfigError
-from srforge.config.yaml_io import read_yaml_file
 from srforge.constants import UNET_CLASS
 
 

@@ -7,10 +7,15 @@ state that depends only on (seed, epoch, index) -- so a resumed run augments exa
 in the main process or in any worker -- and gives every mask one dtype. A training view may also rescale scans by a
 factor drawn from ``data.augment.scale`` (:mod:`srforge.data.rescale`), then cut scans larger than ``data.crop`` to
 a random crop (:mod:`srforge.data.crop`), each drawn the same way, before augmentation.
+
+With a decoded-scan cache (``data.cache``, :mod:`srforge.data.cache`) a Dataset may return file paths for its image
+and mask: the view decodes them through the cache. A Dataset with a ``cache`` attribute left None
+(:class:`srforge.data.datasets.SegmentationFolder`) is given the view's cache, and reads its own files through it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -18,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from srforge.constants import IGNORE_INDEX
+from srforge.data.cache import DecodedCache, cached_image, cached_mask
 from srforge.data.crop import random_crop, sample_seed
 from srforge.data.entry import Entry
 from srforge.data.images import DataError, invalid_mask_values
@@ -47,6 +53,9 @@ class FieldView(Dataset):
         num_classes: when given, a mask value outside [0, num_classes) other than ``ignore_index`` is a
             ValueError naming the sample, instead of an index error deep inside the loss, and every mask is
             given :func:`mask_dtype` (uint8 for up to 255 classes), so batches of masks from mixed files collate.
+        cache: the decoded-scan cache (see the module docstring), or None. An image or mask field that is a path
+            (str or os.PathLike) is decoded (the image in ``image_mode``, an attribute, RGB by default), through the
+            cache when there is one.
 
     ``scale`` (an attribute, None by default): (lo, hi), ``data.augment.scale``; every scan is rescaled by a factor
     drawn log-uniformly from it per (seed, epoch, index) (:func:`srforge.data.rescale.scale_factor`), before the crop
@@ -66,6 +75,7 @@ class FieldView(Dataset):
         seed: int = 0,
         num_classes: int | None = None,
         ignore_index: int = IGNORE_INDEX,
+        cache: DecodedCache | None = None,
     ) -> None:
         unknown = sorted(set(fields or {}) - set(CANONICAL))
         if unknown:
@@ -80,6 +90,9 @@ class FieldView(Dataset):
         self.epoch = 0
         self.scale: tuple[float, float] | None = None
         self.crop: tuple[int, int] | None = None
+        self.cache, self.image_mode = cache, "RGB"
+        if cache is not None and getattr(dataset, "cache", False) is None:
+            dataset.cache = cache  # e.g. SegmentationFolder: reads its files through data.cache
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -117,6 +130,10 @@ class FieldView(Dataset):
                     f"{type(self.dataset).__name__}[{index}] has no field '{self.fields[key]}' for the {key}; "
                     f"it has {sorted(map(str, sample.keys()))}. Set data.fields.{key} to the right name."
                 )
+        if isinstance(entry["image"], (str, os.PathLike)):
+            entry["image"] = cached_image(self.cache, entry["image"], self.image_mode)
+        if isinstance(entry["mask"], (str, os.PathLike)):
+            entry["mask"] = cached_mask(self.cache, entry["mask"])
         if "name" not in entry:
             entry["name"] = f"{index:06d}"
         entry["name"] = str(entry["name"])

@@ -16,11 +16,15 @@ well under a megabyte. Its header (read from the first bytes) declares the image
 more than :func:`needed_bytes` of it are read: ``NEED_FACTOR`` times the decoded size plus ``NEED_ALLOWANCE``
 for metadata and compression overhead. An image decodes from that prefix (trailing bytes are ignored); one
 whose data lies beyond it fails as that scan, saying so.
+
+With a decoded-scan cache (``cache``, :mod:`srforge.data.cache`) :meth:`ScanArchive.read` decodes each scan once: a
+member is keyed by the archive's path, byte size and modification time and the member's name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import stat
@@ -33,6 +37,7 @@ from pathlib import Path, PurePosixPath
 import torch
 from PIL import Image, ImageMode
 
+from srforge.data.cache import DecodedCache, cached_image
 from srforge.data.images import SUFFIXES, DataError, open_image, read_image, read_size
 from srforge.data.naming import is_hidden, posix_name, scan_stem
 
@@ -142,12 +147,14 @@ class ScanArchive:
 
     ``size(i)`` -> (H, W) from the header; ``read(i, mode)`` -> uint8 [C, H, W] in PIL ``mode``;
     ``read_bytes(indices)`` -> {i: bytes} in archive order; ``in_archive_order(indices)`` sorts indices
-    so (a .tar.gz is cheap to read only that way). Each raises DataError naming the member.
+    so (a .tar.gz is cheap to read only that way). Each raises DataError naming the member. ``cache``: a
+    :class:`srforge.data.cache.DecodedCache` that ``read`` goes through, or None.
     """
 
-    def __init__(self, path, exclude=None):
+    def __init__(self, path, exclude=None, cache: DecodedCache | None = None):
         self.path = Path(path)
         self.kind = archive_kind(self.path)
+        self.cache = cache
         self.sequential = False  # a compressed tar: members are cheap to read only in archive order
         self.rejected: list[tuple[str, str]] = []
         self._handle = None
@@ -320,7 +327,16 @@ class ScanArchive:
     def read(self, i: int, mode: str = "RGB", data: bytes | DataError | None = None) -> torch.Tensor:
         """Scan i decoded to uint8 [C, H, W] in PIL ``mode``; ``data`` are its bytes when already read."""
         if self.kind == "folder":
-            return read_image(self._keys[i], mode)
+            return cached_image(self.cache, self._keys[i], mode)
+        if self.cache is None:
+            return self.decode_member(i, mode, data)
+        stat = self.path.stat()
+        source = [str(self.path.absolute()), self.names[i]]
+        decode = functools.partial(self.decode_member, i, mode, data)
+        return self.cache.read(source, [stat.st_size, stat.st_mtime_ns], f"image:{mode}", decode)
+
+    def decode_member(self, i: int, mode: str = "RGB", data: bytes | DataError | None = None) -> torch.Tensor:
+        """Member i (of a zip or tar) decoded, not through the cache; ``data`` are its bytes when already read."""
         data = self.read_bytes([i])[i] if data is None else data
         if isinstance(data, DataError):
             raise data

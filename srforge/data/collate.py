@@ -69,6 +69,10 @@ class AlignedCollate:
         pad: field -> pad value. For Entry or dict samples the fields are keys; for tuple or list samples
             (``(image, mask)`` from a torchvision-style dataset) they are positions, e.g. ``{0: 0, 1: 255}``.
         sizes_key: where the int64 ``[B, 2]`` tensor of true (H, W) is written (Entry / dict samples).
+        channels_last: lay out every padded ``[B, C, Hp, Wp]`` field channels-last in memory (strides of
+            ``[B, Hp, Wp, C]``, ``torch.channels_last``), as ``train.channels_last`` wants it on the device: a scan
+            decoded by :func:`srforge.data.images.read_image` (a view of its [H, W, C] pixels) is then copied into
+            the batch row by row, its one copy after decoding, with no transpose on the host.
 
     Samples in, batch out:
 
@@ -85,15 +89,18 @@ class AlignedCollate:
         divisor: int | Sequence[int] = 32,
         pad: Mapping[Hashable, float] | None = None,
         sizes_key: str = "sizes",
+        channels_last: bool = False,
     ) -> None:
         self.divisor = divisor_pair(divisor)
+        self.channels_last = channels_last
         self.pad = dict({"image": 0, "mask": IGNORE_INDEX} if pad is None else pad)
         if not self.pad:
             raise ValueError("AlignedCollate needs at least one field to pad, e.g. pad={'image': 0}.")
         self.sizes_key = sizes_key
 
     def __repr__(self) -> str:
-        return f"AlignedCollate(divisor={self.divisor}, pad={self.pad}, sizes_key={self.sizes_key!r})"
+        last = ", channels_last=True" if self.channels_last else ""
+        return f"AlignedCollate(divisor={self.divisor}, pad={self.pad}, sizes_key={self.sizes_key!r}{last})"
 
     # -- collate -------------------------------------------------------------------------------------
     def __call__(self, samples: Sequence[Any]) -> Any:
@@ -147,13 +154,17 @@ class AlignedCollate:
         wp = max(round_up(w, dw) for _, w in sizes)
         return {key: self._pad_stack(ts, sizes, hp, wp, pad[key]) for key, ts in tensors.items()}, sizes_t
 
-    @staticmethod
     def _pad_stack(
-        tensors: list[torch.Tensor], sizes: list[tuple[int, int]], hp: int, wp: int, value: float
+        self, tensors: list[torch.Tensor], sizes: list[tuple[int, int]], hp: int, wp: int, value: float
     ) -> torch.Tensor:
-        """``[B, ..., hp, wp]``: each sample top-left, ``value`` elsewhere; every element written once."""
+        """``[B, ..., hp, wp]``: each sample top-left, ``value`` elsewhere; every element written once. With
+        ``channels_last`` a ``[B, C, hp, wp]`` field is a view of a ``[B, hp, wp, C]`` buffer."""
         first = tensors[0]
-        out = new_batch_buffer((len(tensors), *first.shape[:-2], hp, wp), first.dtype, first.device)
+        if self.channels_last and first.dim() == 3:
+            out = new_batch_buffer((len(tensors), hp, wp, first.shape[0]), first.dtype, first.device)
+            out = out.permute(0, 3, 1, 2)
+        else:
+            out = new_batch_buffer((len(tensors), *first.shape[:-2], hp, wp), first.dtype, first.device)
         for slot, t, (h, w) in zip(out, tensors, sizes):
             slot[..., :h, :w].copy_(t)
             if w < wp:

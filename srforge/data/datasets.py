@@ -12,10 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from srforge.constants import IGNORE_INDEX
+from srforge.data.cache import DecodedCache, cached_image, cached_mask, open_cache
 from srforge.data.entry import Entry
-from srforge.data.images import DataError, DataWarning, invalid_mask_values, read_image, read_mask
+from srforge.data.images import DataError, DataWarning, invalid_mask_values, mask_values
 from srforge.data.naming import find_pairs
 from srforge.data.sizes import measure_sizes
 
@@ -53,7 +55,9 @@ class SegmentationFolder(torch.utils.data.Dataset):
 
     ``image_mode`` is the PIL mode every image is converted to. ``num_classes`` (optional) makes any
     mask value >= num_classes other than ``ignore_index`` an error. ``transform`` (optional) maps the
-    Entry, e.g. an augmentation. Missing partners are reported all at once on construction.
+    Entry, e.g. an augmentation. Missing partners are reported all at once on construction. ``cache`` (optional):
+    a decoded-scan cache folder or :class:`srforge.data.cache.DecodedCache` every image and mask is read through;
+    left None, ``data.cache`` fills it in (:class:`srforge.data.adapter.FieldView`).
     """
 
     def __init__(
@@ -65,10 +69,12 @@ class SegmentationFolder(torch.utils.data.Dataset):
         num_classes: int | None = None,
         ignore_index: int = IGNORE_INDEX,
         transform: Callable | None = None,
+        cache: DecodedCache | str | None = None,
     ):
         self.root = Path(root)
         self.image_mode, self.num_classes, self.ignore_index = image_mode, num_classes, ignore_index
         self.transform = transform
+        self.cache = open_cache(cache)
         pairs, problems = find_pairs(self.root, images, masks)
         if problems:
             raise DataError(f"{len(problems)} unpaired or clashing file(s) in {self.root}:\n  " + "\n  ".join(problems))
@@ -86,7 +92,8 @@ class SegmentationFolder(torch.utils.data.Dataset):
     def load(self, index: int) -> Entry:
         """Decode and validate scan ``index`` (no transform)."""
         image_path, mask_path = self.image_paths[index], self.mask_paths[index]
-        image, mask = read_image(image_path, self.image_mode), read_mask(mask_path)
+        image = cached_image(self.cache, image_path, self.image_mode)
+        mask = cached_mask(self.cache, mask_path)
         problems = pair_problems(image_path, image, mask_path, mask, self.num_classes, self.ignore_index)
         if problems:
             raise DataError("; ".join(problems))
@@ -104,16 +111,24 @@ def check_folder(
     num_classes: int | None = None,
     ignore_index: int = IGNORE_INDEX,
     image_mode: str = "RGB",
+    cache: DecodedCache | None = None,
+    progress: bool = False,
 ) -> tuple[int, list[str]]:
-    """Fully decode every pair under root; returns (number of pairs, every problem found)."""
+    """Fully decode every pair under root; returns (number of pairs, every problem found). With ``cache`` every
+    pair that decodes is also written into it (training's first epoch then reads it at memory speed); ``progress``
+    shows a bar."""
     try:
         pairs, problems = find_pairs(root, images, masks)
     except DataError as error:
         return 0, [str(error)]
     seen: set[int] = set()  # every mask value of the folder
-    for _, image_path, mask_path in pairs:
+    for _, image_path, mask_path in tqdm(pairs, desc="checking", unit="pair", disable=not progress):
         decoded = []
-        for read, path in ((lambda p: read_image(p, image_mode), image_path), (read_mask, mask_path)):
+        readers = (
+            (lambda p: cached_image(cache, p, image_mode), image_path),
+            (lambda p: cached_mask(cache, p), mask_path),
+        )
+        for read, path in readers:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", DataWarning)
                 try:
@@ -123,7 +138,7 @@ def check_folder(
             problems += [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
         if len(decoded) == 2:
             problems += pair_problems(image_path, decoded[0], mask_path, decoded[1], num_classes, ignore_index)
-            seen.update(torch.unique(decoded[1]).tolist())
+            seen.update(mask_values(decoded[1]))
     if ignore_index in seen and seen <= {0, ignore_index}:
         problems.append(
             f"{root}: every mask holds only 0 and {ignore_index} (the ignore index), so no pixel of any class but 0 "

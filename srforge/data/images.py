@@ -6,15 +6,26 @@ deep inside a dataset or an archive is reported by name, never as a bare traceba
 Images and masks are read the way viewers show them: an EXIF orientation tag (a phone photo turned on its
 side, a scan stored upside down) is applied on decoding, and sizes read from headers are the displayed sizes,
 so a mask drawn over the picture in any viewer lines up with the decoded image.
+
+Decoding is PIL's, except where a faster decoder gives the same tensor bit for bit: an RGB or grayscale JPEG shown
+as stored (no EXIF turn, one frame) is decoded by torchvision.io's libjpeg-turbo (:func:`fast_decoder` says which
+files; PNGs stay with PIL, see ``FAST_MODES``). PIL opens every file first, so
+its checks (the decompression-bomb refusal, what is an image) come first; a file the fast decoder fails on is
+decoded again by PIL, so a damaged file fails with PIL's error, naming it, as it always has. An image is
+returned as a [C, H, W] view of the decoded [H, W, C] buffer: no copy after decoding, and the one copy a batch
+needs is the collate's (:class:`srforge.data.collate.AlignedCollate`).
 """
 
 from __future__ import annotations
 
+import io
+import os
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+import torchvision.io as tvio
 from PIL import Image, UnidentifiedImageError
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
@@ -31,6 +42,28 @@ TRANSPOSES = {
     8: Image.Transpose.ROTATE_90,
 }
 QUARTER_TURNS = (5, 6, 7, 8)  # orientations whose displayed width is the stored height
+
+# (mode stored, mode asked) -> the torchvision.io read mode that decodes a JPEG to PIL's pixels bit for bit: the same
+# mode as stored, or gray replicated into RGB, exactly what PIL's convert("RGB") does. PNGs stay with PIL:
+# torchvision 0.29's decode_png crashes the process (SIGSEGV) on a damaged PNG -- a bad IDAT checksum, or corrupt
+# deflate data under a valid one (16 of 20 such files) -- where PIL raises an error that names the file.
+FAST_MODES = {
+    ("RGB", "RGB"): tvio.ImageReadMode.UNCHANGED.value,
+    ("L", "L"): tvio.ImageReadMode.UNCHANGED.value,
+    ("L", "RGB"): tvio.ImageReadMode.RGB.value,
+}
+
+
+def _torchvision_decoders() -> dict:
+    """format -> torchvision.io's CPU decoder (libjpeg-turbo), the op its ``decode_jpeg`` calls (the wrapper is
+    deprecated since torchvision 0.29 and warns on every call); {} without it: PIL then decodes every file."""
+    try:
+        return {"JPEG": torch.ops.image.decode_jpeg}
+    except (AttributeError, RuntimeError):
+        return {}
+
+
+FAST_DECODERS = _torchvision_decoders()
 
 
 class DataError(ValueError):
@@ -104,16 +137,61 @@ def _decode(source, label=None) -> Image.Image:
     return upright(image, turn) if orientation(image) == turn else image
 
 
-def read_image(source, mode: str = "RGB", label=None) -> torch.Tensor:
-    """Decode an image (a path, or a binary file named by ``label`` in errors) to uint8 [C, H, W] in PIL
-    ``mode`` (RGB: C=3, L: C=1, RGBA: C=4).
+def fast_decoder(image: Image.Image, mode: str):
+    """The torchvision.io read mode that decodes the opened, not yet decoded ``image`` to exactly what PIL gives
+    in ``mode``, or None where PIL must decode it: not a JPEG, not 8-bit gray or RGB as stored (CMYK), or asked
+    in another mode (RGB to L: PIL's weights), more than one frame, or an EXIF turn to apply."""
+    tile = image.tile[0] if len(image.tile) == 1 else None
+    raw = tile.args[0] if tile is not None and isinstance(tile.args, tuple) else getattr(tile, "args", None)
+    fast = FAST_MODES.get((image.mode, mode)) if image.format in FAST_DECODERS else None
+    if fast is None or raw != image.mode or "transparency" in image.info or getattr(image, "n_frames", 1) > 1:
+        return None
+    return fast if orientation(image) == 1 else None
 
-    16-bit (and 32-bit integer) grayscale is scaled by its full range (value / 257), so a given raw
-    value maps to the same 8-bit value in every file. Palette images are expanded through their palette.
-    """
+
+def _encoded(source, image: Image.Image) -> torch.Tensor | None:
+    """The whole encoded file as uint8 [N], read once from the file PIL opened (shared, not copied, with a BytesIO);
+    None when the file does not read whole."""
+    if isinstance(source, io.BytesIO):
+        return torch.frombuffer(source.getbuffer(), dtype=torch.uint8)
+    size = image.fp.seek(0, os.SEEK_END)
+    image.fp.seek(0)  # PIL reads every file from its start too
+    data = torch.empty(size, dtype=torch.uint8)
+    return data if image.fp.readinto(data.numpy()) == size else None
+
+
+def decode_fast(source, mode: str = "RGB", label=None) -> torch.Tensor | None:
+    """``read_image(source, mode)`` through torchvision.io where :func:`fast_decoder` allows it: uint8 [C, H, W], a
+    view of the decoded [H, W, C] buffer; None where PIL must decode the file (or the fast decoder fails on it: PIL
+    then says why). What opening the file raises (a DataError naming ``label``, default the path) is raised here."""
+    with open_image(source, label) as image:
+        read_mode = fast_decoder(image, mode)
+        if read_mode is None:
+            return None
+        try:
+            data = _encoded(source, image)
+            return None if data is None else FAST_DECODERS[image.format](data, read_mode)
+        except (RuntimeError, ValueError, OSError):  # damaged: PIL decodes it again and says why
+            return None
+
+
+def read_image_pil(source, mode: str = "RGB", label=None) -> torch.Tensor:
+    """:func:`read_image` by PIL alone, for every file: the reference the fast decoder is held to."""
     label = source if label is None else label
     with _decode(source, label) as image:  # closed at once: a TIFF would otherwise hold its file open
         return _to_uint8_chw(image, mode, label)
+
+
+def read_image(source, mode: str = "RGB", label=None) -> torch.Tensor:
+    """Decode an image (a path, or a binary file named by ``label`` in errors) to uint8 [C, H, W] in PIL
+    ``mode`` (RGB: C=3, L: C=1, RGBA: C=4), a view of the decoded [H, W, C] pixels (channels-last strides).
+
+    16-bit (and 32-bit integer) grayscale is scaled by its full range (value / 257), so a given raw
+    value maps to the same 8-bit value in every file. Palette images are expanded through their palette.
+    The same tensor as PIL's, faster where :func:`fast_decoder` allows (see the module docstring).
+    """
+    fast = decode_fast(source, mode, label)
+    return fast if fast is not None else read_image_pil(source, mode, label)
 
 
 def _to_uint8_chw(image: Image.Image, mode: str, label) -> torch.Tensor:
@@ -126,7 +204,8 @@ def _to_uint8_chw(image: Image.Image, mode: str, label) -> torch.Tensor:
     except ValueError as error:
         raise DataError(f"{label}: cannot convert mode {image.mode} to {mode} ({error})") from error
     array = array[:, :, None] if array.ndim == 2 else array
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+    # PIL hands its pixels out read-only: one copy makes them the tensor's own; [C, H, W] is a view of them.
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)
 
 
 def read_mask(path) -> torch.Tensor:
@@ -171,9 +250,24 @@ def read_size(source, label=None) -> tuple[int, int]:
     return height, width
 
 
+def mask_values(mask: torch.Tensor) -> list[int]:
+    """The distinct values of ``mask`` ([H, W] integer), sorted; a count per byte value for 8-bit masks (a tenth of
+    the time of ``torch.unique``'s sort on a full-size scan)."""
+    if mask.dtype == torch.uint8:
+        return torch.bincount(mask.reshape(-1), minlength=256).nonzero().flatten().tolist()
+    return [int(v) for v in torch.unique(mask).tolist()]
+
+
 def invalid_mask_values(mask: torch.Tensor, num_classes: int, ignore_index: int) -> list[int]:
     """The distinct values of ``mask`` ([H, W] integer) that are neither a class in [0, num_classes) nor
-    ``ignore_index``, sorted; empty when the mask is valid. The one rule for mask values, wherever checked."""
-    values = torch.unique(mask)
-    bad = values[((values < 0) | (values >= num_classes)) & (values != ignore_index)]
-    return [int(v) for v in bad.tolist()]
+    ``ignore_index``, sorted; empty when the mask is valid. The one rule for mask values, wherever checked.
+
+    A mask whose smallest and largest values are classes is valid at the cost of one pass (no sort): the common
+    case, checked for every scan of every epoch."""
+    if mask.numel() == 0:
+        return []
+    low, high = torch.aminmax(mask.to(torch.uint8) if mask.dtype == torch.bool else mask)
+    if low >= 0 and high < num_classes:
+        return []
+    outside = mask[((mask < 0) | (mask >= num_classes)) & (mask != ignore_index)]
+    return [int(v) for v in torch.unique(outside).tolist()]

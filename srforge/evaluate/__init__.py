@@ -1,6 +1,6 @@
 """Evaluation: predicted masks scored against true masks, per class, per scan, by width; a report to look at.
 
-    metrics      counts on the device, batched (confusion matrix, tolerance counts by disc dilation) and the
+    metrics      counts on the device, batched (confusion matrix, tolerance counts within a disc) and the
                  figures computed from counts (IoU, Dice, precision, recall, tolerance F1, pixel accuracy)
     scoring      true and predicted masks read ahead, size-grouped padded batches, one row a scan (Scorer)
     aggregate    micro (pixels pooled) and macro (mean over scans), both by width third

@@ -21,8 +21,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
-
 from srforge.atomic import atomic_write_text
 from srforge.evaluate.aggregate import json_safe
 from srforge.evaluate.pictures import LEGEND
@@ -95,10 +93,9 @@ def write_scans(out_dir: Path, table: list[dict], columns: list[str]) -> None:
     atomic_write_text(out_dir / "scans.csv", buffer.getvalue())
 
 
-def png_data_uri(array) -> str:
-    buffer = io.BytesIO()
-    Image.fromarray(array, "RGB").save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+def png_data_uri(data: bytes) -> str:
+    """A PNG's bytes as a data: URI, for a picture inline in the page."""
+    return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
 # -- the page ---------------------------------------------------------------------------------------------

@@ -22,15 +22,16 @@ import contextlib
 import json
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from srforge.atomic import TEMP_SUFFIX
+from srforge.atomic import TEMP_SUFFIX, atomic_write
 from srforge.data.naming import scan_stem
 from srforge.evaluate.aggregate import results, scored
 from srforge.evaluate.inputs import LabelledArchive, Predictions
 from srforge.evaluate.metrics import primary
-from srforge.evaluate.pictures import picture
+from srforge.evaluate.pictures import picture, png_bytes
 from srforge.evaluate.report import (
     STARTS,
     png_data_uri,
@@ -40,16 +41,16 @@ from srforge.evaluate.report import (
     write_metrics,
     write_scans,
 )
-from srforge.evaluate.scoring import Scorer, failed_row, score_scans
+from srforge.evaluate.scoring import Scorer, failed_row, one_host_thread, score_scans
 from srforge.locks import LOCK_NAME
 from srforge.predict.folders import OutputError, check_output, check_reports, hold_output, prepare_output
-from srforge.predict.outputs import write_png
 from srforge.predict.pipeline import predict_archive
 from srforge.runtime import distributed
 
 MODEL_FOLDERS = ("predictions", "predictions-b")
 OWN = {*STARTS, "pictures", *MODEL_FOLDERS, LOCK_NAME}
 PAGE_WIDTH = 1200  # px: wider pictures are shrunk for the page, linked at full size
+PICTURE_THREADS = 2
 
 
 def check_evaluation_output(out_dir: Path, inputs: list[Path]) -> None:
@@ -91,28 +92,41 @@ def worst_rows(rows: list[dict], key: str, n: int) -> list[dict]:
 
 def draw_pictures(out_dir: Path, worst: list[dict], truths, models: list[dict], ignore_index: int) -> list[dict]:
     """pictures/<rank>-<name>[-<model>].png for the worst scans of each model's predictions, full size; returns
-    what the page shows of each (caption, file, inline picture)."""
+    what the page shows of each (caption, file, inline picture).
+
+    The masks and scans are read here, one after another (an archive's reader is not shared between threads);
+    colouring, shrinking, encoding and writing run in PICTURE_THREADS threads meanwhile (torch and zlib let go of
+    the GIL), so a picture is drawn while the next scan is read; torch's own threads are left out (one_host_thread).
+    """
     folder = out_dir / "pictures"
     for old in folder.glob("*.png") if folder.is_dir() else []:
         old.unlink()
-    shots = []
-    for rank, row in enumerate(worst, 1):
-        name = row["name"]
-        truth = truths.read([name], _Inline())[name]
-        image = truths.image(name)
-        for model in models:
-            pred = model["predictions"].read(name)
-            if isinstance(truth, Exception) or isinstance(pred, Exception) or pred.shape != truth.shape:
-                continue
-            full, small = picture(truth, pred, image, ignore_index, PAGE_WIDTH)
-            file = f"pictures/{rank:03d}-{name.replace('/', '__')}-{model['name']}.png"
-            write_png(out_dir / file, full, "RGB")
-            figure = model["rows"][name]["figures"] if name in model["rows"] else {}
-            caption = (
-                f"{rank}. {name} ({model['name']}): {model['primary']} {figure.get(model['primary'], math.nan):.4f}"
-            )
-            shots.append({"caption": caption, "file": file, "uri": png_data_uri(full if small is None else small)})
-    return shots
+    pending = []
+    with one_host_thread(), ThreadPoolExecutor(PICTURE_THREADS) as pool:
+        for rank, row in enumerate(worst, 1):
+            name = row["name"]
+            truth = truths.read([name], _Inline())[name]
+            image = truths.image(name)
+            for model in models:
+                pred = model["predictions"].read(name)
+                if isinstance(truth, Exception) or isinstance(pred, Exception) or pred.shape != truth.shape:
+                    continue
+                file = f"pictures/{rank:03d}-{name.replace('/', '__')}-{model['name']}.png"
+                figure = model["rows"][name]["figures"] if name in model["rows"] else {}
+                caption = (
+                    f"{rank}. {name} ({model['name']}): {model['primary']} {figure.get(model['primary'], math.nan):.4f}"
+                )
+                job = (truth, pred, image, ignore_index, out_dir / file)
+                pending.append(({"caption": caption, "file": file}, pool.submit(_draw, *job)))
+        return [{**shot, "uri": png_data_uri(future.result())} for shot, future in pending]
+
+
+def _draw(truth, pred, image, ignore_index: int, path: Path) -> bytes:
+    """Write the full-size picture at ``path``; the PNG the page shows inline (the shrunk one, or the same)."""
+    full, small = picture(truth, pred, image, ignore_index, PAGE_WIDTH)
+    data = png_bytes(full)
+    atomic_write(path, lambda f: f.write(data))
+    return data if small is None else png_bytes(small)
 
 
 class _Inline:
@@ -143,7 +157,9 @@ def write_outputs(out_dir: Path, document: dict, truths, models: list[dict], wor
     rows_b = list(models[1]["rows"].values()) if len(models) > 1 else None
     table = scan_table(rows_a, rows_b, key)
     columns = scan_columns(document["classes"], rows_b is not None)
+    start = time.perf_counter()
     shots = draw_pictures(out_dir, worst_rows(rows_a, key, worst), truths, models, document["ignore_index"])
+    document["run"]["seconds_pictures"] = round(time.perf_counter() - start, 3)
     write_metrics(out_dir, document)
     write_scans(out_dir, table, columns)
     write_html(out_dir, document, table, columns, shots)

@@ -62,6 +62,36 @@ def resume_checkpoint(
     return ckpt
 
 
+# What a run trains on: a resumed run that changed one of these would continue on other data (run.seed draws the
+# split), so that is refused unless asked for (allow_changes); any other change is said and taken.
+DATA_KEYS = ("data.dataset", "data.val_dataset", "data.fields", "data.val_fraction", "data.ignore_index", "run.seed")
+
+
+def config_changes(saved: dict[str, Any], cfg: Config) -> tuple[list[str], list[str]]:
+    """(changes of DATA_KEYS, other changes) between the checkpoint's embedded config ``saved`` and ``cfg``, each
+    "key: SAVED -> NOW"; run.dir, train.epochs and train.stop_after are a resume's own business and not listed."""
+    own = {"run.dir", "train.epochs", "train.stop_after"}
+    data, other = [], []
+    for path, before, value in leaf_changes(saved, cfg.to_dict()):
+        if path in own or path.startswith("model."):
+            continue
+        meaning = any(path == key or path.startswith(f"{key}.") for key in DATA_KEYS)
+        (data if meaning else other).append(f"{path}: {before!r:.60} -> {value!r:.60}")
+    return data, other
+
+
+def leaf_changes(before: Any, now: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted path, before, now) of every value that differs between two nested configs; a key ``before`` lacks
+    (a checkpoint from an older srforge) is no change."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        found = []
+        for key, value in now.items():
+            if key in before:
+                found += leaf_changes(before[key], value, f"{path}.{key}" if path else str(key))
+        return found
+    return [] if before == now else [(path, before, now)]
+
+
 def model_differences(ckpt: dict[str, Any], model_cfg: ModelSection) -> list[str]:
     """How the config's model differs from the checkpoint's, one "model.KEY=VALUE (the checkpoint has SAVED)" each:
     the class (srforge's UNet under any of its paths counts as one), the norm option, the arguments. A checkpoint

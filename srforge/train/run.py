@@ -24,10 +24,32 @@ from pathlib import Path
 from typing import Any
 
 from srforge.atomic import disk_full_names
+from srforge.config import ConfigError
 from srforge.config.schema import Config
 from srforge.runtime import distributed
-from srforge.train.prepare import checkpoint_file, claim_run_dir, prepare_synthetic_data, resume_checkpoint
+from srforge.train.prepare import (
+    checkpoint_file,
+    claim_run_dir,
+    config_changes,
+    prepare_synthetic_data,
+    resume_checkpoint,
+)
 from srforge.train.trainer import Trainer
+
+
+def check_changes(saved: dict[str, Any], cfg: Config, allow: bool, main: bool) -> None:
+    """Refuse a resume that would train on other data than its checkpoint's config (unless ``allow``); say every
+    other change (main process)."""
+    data, other = config_changes(saved, cfg)
+    if data and not allow:
+        raise ConfigError(
+            f"--resume: the config trains on other data than the checkpoint's ({'; '.join(data)}), so the run's "
+            "validation scores and best.pt would compare two datasets. Start a new run in another run.dir, or pass "
+            "--allow-changes (from Python: train(..., allow_changes=True)) if that is what you mean."
+        )
+    if main:
+        for change in (*data, *other):
+            print(f"srforge: resuming with a changed config: {change}")
 
 
 def train(
@@ -36,6 +58,7 @@ def train(
     checkpoint: dict[str, Any] | None = None,
     *,
     overwrite: bool = False,
+    allow_changes: bool = False,
 ) -> dict[str, Any]:
     """Train by ``cfg`` (a resolved config); returns a summary with the final validation scores.
 
@@ -43,10 +66,13 @@ def train(
     content when the caller has read it already (srforge-train does, for its config), so it is read once.
     ``run.dir`` is held for the whole run (a second process into it is refused) and must not hold another run
     (last.pt, best.pt or metrics.jsonl) unless ``resume`` continues that very run, or ``overwrite`` removes its
-    files first: a RunExistsError otherwise, before anything is written.
+    files first: a RunExistsError otherwise, before anything is written. A resume whose config trains on other data
+    than its checkpoint's (DATA_KEYS) is a ConfigError unless ``allow_changes``; other changes are printed.
     """
     processes = distributed.environment()
     ckpt = resume_checkpoint(resume, cfg.model, checkpoint)
+    if ckpt is not None and isinstance(ckpt.get("config"), dict):
+        check_changes(ckpt["config"], cfg, allow_changes, processes.main)
     run_dir = Path(cfg.run.dir)
     lock = None
     if processes.main:

@@ -1,0 +1,230 @@
+"""How fast does the host feed the GPU: decoding, the decoded-scan cache, the training loader, prediction's writes?
+
+On full-size synthetic well-log scans (scan 1 of seed 0 at scale 1: 564 x 11,742 px; RGB and L, PNG as
+``make_welllog_scans`` writes it and JPEG quality 90), one thread, it measures per scan (median of interleaved
+repeats):
+
+- today's ``read_image`` (PIL, its two copies after decoding: ``read_image_pil(...).contiguous()``), the new
+  ``read_image`` (libjpeg-turbo for JPEG, PIL without the copies for PNG), a cache hit (mapping the entry plus the
+  collate's copy into a batch slot) and the floor: copying the decoded bytes into that slot;
+- the training loader (SegmentationFolder through FieldView with the mask check, SizeGroupedBatchSampler,
+  AlignedCollate; 1 and 2 workers) in scans/s: today's code (both copies, ``torch.unique`` mask checks), epoch 1
+  and epoch 2 with ``data.cache``;
+- prediction's host cost per scan: decoding plus the mask PNG, today's (level 6) against ``MASK_PNG``, and the
+  bytes and milliseconds of every zlib level on the scan's mask;
+- a projection for a 16-core machine (14 workers) against an estimated GPU step per scan.
+
+    python benchmarks/bench_loader.py [--scans 10] [--repeats 5] [--out benchmarks/results/bench_loader.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import srforge.data.adapter as adapter  # noqa: E402
+import srforge.data.cache as cache_module  # noqa: E402
+import srforge.data.datasets as datasets  # noqa: E402
+from srforge.data.cache import DecodedCache  # noqa: E402
+from srforge.data.collate import AlignedCollate  # noqa: E402
+from srforge.data.images import read_image, read_image_pil  # noqa: E402
+from srforge.data.sampling import SizeGroupedBatchSampler  # noqa: E402
+from srforge.data.synthetic import make_welllog_scans, welllog_scan  # noqa: E402
+from srforge.predict.outputs import MASK_PNG  # noqa: E402
+
+# An estimate, not a measurement: FLOPs of one padded pixel fwd+bwd for the base-32 UNet (docs/performance.md
+# measured 342.1 k for base 16; channels double, FLOPs about 4x), at a sustained bf16 rate of an H200-class GPU.
+FLOPS_PER_PIXEL = 4 * 342.1e3
+GPU_FLOPS = 300e12  # about 30% of an H200's dense bf16 peak
+MEAN_PIXELS = 560 * 8_000  # the mean full-size scan (heights 480-640, widths 3,200-12,800)
+
+
+def today_read_image(path, mode="RGB"):
+    """read_image as it was: PIL, then a copy and a transposing copy to a contiguous [C, H, W]."""
+    return read_image_pil(path, mode).contiguous()
+
+
+def today_invalid_mask_values(mask, num_classes, ignore_index):
+    values = torch.unique(mask)
+    bad = values[((values < 0) | (values >= num_classes)) & (values != ignore_index)]
+    return [int(v) for v in bad.tolist()]
+
+
+def timed(jobs: dict, repeats: int) -> dict:
+    """{name: median ms} of each job, the jobs run in turn ``repeats`` times (after one warm-up each)."""
+    times = {name: [] for name in jobs}
+    for job in jobs.values():
+        job()
+    for _ in range(repeats):
+        for name, job in jobs.items():
+            start = time.perf_counter()
+            job()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def scan_files(folder: Path) -> tuple[dict, np.ndarray]:
+    """The full-size scan as RGB and L, PNG and JPEG files; {label: path} and its mask."""
+    image, mask = welllog_scan(1, seed=0, scale=1.0)
+    files = {}
+    for mode in ("RGB", "L"):
+        picture = Image.fromarray(image).convert(mode)
+        for fmt, options in (("png", {"compress_level": 1}), ("jpg", {"quality": 90})):
+            files[f"{mode} {fmt}"] = folder / f"scan_{mode}.{fmt}"
+            picture.save(files[f"{mode} {fmt}"], **options)
+    return files, mask
+
+
+def decode_rows(files: dict, root: Path, repeats: int) -> list[dict]:
+    rows = []
+    cache = DecodedCache(root / "decode-cache")
+    for label, path in files.items():
+        mode = label.split()[0]
+        cache.read_image(path, mode)
+        decoded = read_image(path, mode)
+        slot = torch.empty(decoded.shape[1], decoded.shape[2], decoded.shape[0], dtype=torch.uint8).permute(2, 0, 1)
+        source = decoded.permute(1, 2, 0).contiguous().permute(2, 0, 1)  # decoded bytes in memory
+        ms = timed(
+            {
+                "today": lambda: today_read_image(path, mode),
+                "new": lambda: read_image(path, mode),
+                "hit": lambda: slot.copy_(cache.read_image(path, mode)),
+                "floor": lambda: slot.copy_(source),
+            },
+            repeats,
+        )
+        ms["speedup"], ms["hit_over_floor"] = ms["today"] / ms["new"], ms["hit"] / ms["floor"]
+        rows.append({"scan": label, **ms})
+    return rows
+
+
+def loader_rate(root: Path, workers: int, cache, today: bool = False, channels_last: bool = False) -> float:
+    """Scans per second of one training epoch (batches of 2), from the first batch to the last."""
+    saved = (cache_module.read_image, datasets.invalid_mask_values, adapter.invalid_mask_values)
+    if today:
+        cache_module.read_image = today_read_image  # SegmentationFolder's reads go through cache_module
+        datasets.invalid_mask_values = adapter.invalid_mask_values = today_invalid_mask_values
+    try:
+        folder = datasets.SegmentationFolder(root, num_classes=2)
+        view = adapter.FieldView(folder, num_classes=2, cache=cache)
+        sampler = SizeGroupedBatchSampler(folder.sizes(), batch_size=2, shuffle=True, seed=0)
+        loader = DataLoader(
+            view, batch_sampler=sampler, collate_fn=AlignedCollate(32, channels_last=channels_last), num_workers=workers
+        )
+        iterator = iter(loader)
+        first = next(iterator)
+        start, count = time.perf_counter(), 0
+        for batch in iterator:
+            count += batch.image.shape[0]
+        del first
+        return count / (time.perf_counter() - start)
+    finally:
+        cache_module.read_image, datasets.invalid_mask_values, adapter.invalid_mask_values = saved
+
+
+def loader_rows(root: Path, scans: int) -> list[dict]:
+    make_welllog_scans(root / "train", scans, scale=1.0, workers=1)
+    rows = []
+    for workers in (1, 2):
+        cache = DecodedCache(root / f"loader-cache-{workers}")
+        today = loader_rate(root / "train", workers, None, today=True)
+        first = loader_rate(root / "train", workers, cache)
+        second = loader_rate(root / "train", workers, cache)
+        last = loader_rate(root / "train", workers, cache, channels_last=True)
+        rows.append(
+            {"workers": workers, "today": today, "epoch1": first, "epoch2": second, "epoch2_channels_last": last}
+        )
+    return rows
+
+
+def encode_mask(mask: np.ndarray, **options) -> int:
+    buffer = io.BytesIO()
+    Image.fromarray(mask, "L").save(buffer, format="PNG", **options)
+    return len(buffer.getvalue())
+
+
+def prediction_rows(files: dict, mask: np.ndarray, repeats: int) -> tuple[list[dict], list[dict]]:
+    levels = {f"level {n}": {"compress_level": n} for n in range(1, 10)}
+    levels["level 1, Z_RLE (MASK_PNG)"] = dict(MASK_PNG)
+    assert MASK_PNG == {"compress_level": 1, "compress_type": zlib.Z_RLE}
+    ms = timed({name: lambda o=o: encode_mask(mask, **o) for name, o in levels.items()}, repeats)
+    table = [{"setting": name, "bytes": encode_mask(mask, **o), "ms": ms[name]} for name, o in levels.items()]
+    rows = []
+    for label in ("RGB png", "RGB jpg"):
+        path = files[label]
+        cost = timed(
+            {
+                "today": lambda: (today_read_image(path), encode_mask(mask, compress_level=6)),
+                "new": lambda: (read_image(path), encode_mask(mask, **MASK_PNG)),
+            },
+            repeats,
+        )
+        rows.append({"scan": label, **cost, "ratio": cost["new"] / cost["today"]})
+    return table, rows
+
+
+def report(decode: list, loader: list, levels: list, predict: list) -> dict:
+    print("| scan | today's read_image ms | new decode ms | speedup | cache hit ms | memcpy floor ms | hit / floor |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in decode:
+        print(f"| {r['scan']} | {r['today']:.1f} | {r['new']:.1f} | {r['speedup']:.2f}x | {r['hit']:.2f} | "
+              f"{r['floor']:.2f} | {r['hit_over_floor']:.2f}x |")  # fmt: skip
+    print(
+        "\n| workers | today scans/s | epoch 1 (cache filling) | epoch 2 (cache) | epoch 2, channels-last | x today |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in loader:
+        print(f"| {r['workers']} | {r['today']:.2f} | {r['epoch1']:.2f} | {r['epoch2']:.1f} | "
+              f"{r['epoch2_channels_last']:.1f} | {r['epoch2'] / r['today']:.0f}x |")  # fmt: skip
+    print("\n| mask PNG setting | bytes | ms |\n| --- | --- | --- |")
+    for r in levels:
+        print(f"| {r['setting']} | {r['bytes']:,} | {r['ms']:.1f} |")
+    print("\n| prediction host cost (decode + mask PNG) | today ms | new ms | new / today |\n| --- | --- | --- | --- |")
+    for r in predict:
+        print(f"| {r['scan']} | {r['today']:.1f} | {r['new']:.1f} | {r['ratio']:.2f}x |")
+    per_worker = loader[0]["epoch2"]
+    gpu_ms = FLOPS_PER_PIXEL * MEAN_PIXELS / GPU_FLOPS * 1e3
+    projection = {"scans_per_s_14_workers": 14 * per_worker, "gpu_ms_per_scan_estimate": gpu_ms}
+    print(f"\nProjection (an estimate): 14 workers at epoch 2 deliver about {14 * per_worker:,.0f} scans/s (today "
+          f"{14 * loader[0]['today']:.0f}); a base-32 UNet step is about {gpu_ms:.0f} ms a mean full-size scan on an "
+          f"H200-class GPU ({FLOPS_PER_PIXEL / 1e6:.2f} MFLOP per padded pixel at {GPU_FLOPS / 1e12:.0f} TFLOP/s), "
+          f"so the GPU takes about {1e3 / gpu_ms:.0f} scans/s.")  # fmt: skip
+    return projection
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scans", type=int, default=10, help="full-size scans in the training folder")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default="benchmarks/results/bench_loader.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        files, mask = scan_files(root)
+        decode = decode_rows(files, root, args.repeats)
+        levels, predict = prediction_rows(files, mask, args.repeats)
+        loader = loader_rows(root, args.scans)
+    projection = report(decode, loader, levels, predict)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"decode": decode, "loader": loader, "mask_png": levels, "predict": predict,
+                               "projection": projection}, indent=2))  # fmt: skip
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""The decoded-scan cache (``data.cache``): each scan decoded once, read back at memory speed ever after.
+
+A full-size PNG scan costs a core about 150-330 ms to decode; its decoded pixels, mapped from the page cache, cost
+about what copying them does. The first time a file is read through a :class:`DecodedCache`, its decoded, oriented
+tensor (uint8; int64 for a 16-bit mask) is written into the cache folder as a ``.npy`` file; every later read of the
+unchanged file maps that entry into memory (copy-on-write: the caller may change the tensor, the entry stays as it
+is) instead of decoding::
+
+    FOLDER/.srforge-cache            the marker: the folder is srforge's alone (a folder without it is refused)
+    FOLDER/ab/ab12...ef.npy          one entry a source and decoding: [H, W, C] image or [H, W] mask, then the line
+                                     "\\nsrforge-cache {JSON}\\n" after the array (np.load reads exactly the array)
+
+An entry serves a read only when the key in its trailer is the one asked for: the source (absolute path, or archive
+and member), its byte size and modification time, the decoding (``image:RGB``, ``mask``), :data:`DECODE_VERSION` and
+PIL's version. Anything else -- a changed file, another mode, an entry cut short, a damaged header or trailer -- is
+decoded again and its entry written anew (its name depends on the source and decoding only, so a changed file
+replaces its entry). Rescaling, cropping and augmentation are per epoch and never cached. The pixels themselves
+carry no checksum: entries are written whole or not at all, so only damage from outside could change them.
+
+Every promise of decoding holds through the cache: a file that fails to decode is never cached, so it fails every
+time with the same DataError; the warnings its decoding gave (a multi-page TIFF, a JPEG mask) are kept in the trailer
+and given again on every hit; an entry larger than ``PIL.Image.MAX_IMAGE_PIXELS`` allows is decoded again, so a
+decompression bomb is refused as before.
+
+Entries are written atomically (:func:`srforge.atomic.atomic_write`), so DataLoader workers and torchrun ranks that
+share one folder never read half an entry. ``max_gb`` is the folder's budget: past it no entry is added and one
+:class:`CacheWarning` says so (once for every process that built the cache, whatever its workers); reads go on. The
+count of the folder is renewed every ``RECOUNT_EVERY`` entries a process adds, so processes that fill one folder
+together may pass the budget by what they add between two counts. A full disk, or a folder that cannot be written,
+stops the adding the same way, never the training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import PIL
+import torch
+from PIL import Image
+
+from srforge.atomic import TEMP_SUFFIX, atomic_write, atomic_write_text, no_space
+from srforge.data.images import DataError, DataWarning, read_image, read_mask
+
+MARKER = ".srforge-cache"
+DECODE_VERSION = 1  # raise when decoding changes what a file decodes to: every entry is then decoded again
+TRAILER = b"\nsrforge-cache "
+TRAILER_MAX = 1 << 16  # the most bytes a trailer may take (a key holds a path)
+RECOUNT_EVERY = 32  # entries a process adds between two counts of the folder's bytes (with a budget)
+STALE_S = 3600  # a temporary file or a stop note this old is a killed process's: swept when a cache opens
+STOP_NOTE = ".stopped-"  # FOLDER/.stopped-<reason>-<token>: the stop was said by some process of this cache
+ENTRY_DTYPES = (np.dtype(np.uint8), np.dtype(np.int64))
+
+
+class CacheWarning(UserWarning):
+    """The decoded-scan cache stopped adding entries (budget reached, disk full, folder not writable)."""
+
+
+def folder_bytes(root: Path) -> int:
+    """Bytes of the entries (``*.npy``) in the cache folder ``root``."""
+    total = 0
+    for sub in os.scandir(root):
+        if sub.is_dir(follow_symlinks=False):
+            for entry in os.scandir(sub.path):
+                if entry.name.endswith(".npy"):
+                    total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def _sweep(root: Path) -> None:
+    """Remove what killed processes left: temporary entries and stop notes older than STALE_S."""
+    old = time.time() - STALE_S
+    for top, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(TEMP_SUFFIX) or name.startswith(STOP_NOTE):
+                path = os.path.join(top, name)
+                try:
+                    if os.stat(path).st_mtime < old:
+                        os.unlink(path)
+                except OSError:
+                    pass  # gone already, or another process's to sweep
+
+
+def claim_folder(root: Path) -> None:
+    """Make ``root`` a cache folder (create it, write the marker) unless it is one; a folder that holds anything
+    else (srforge's temporaries aside) is a DataError: the cache never writes among someone else's files."""
+    if (root / MARKER).is_file():
+        return
+    if root.exists() and not root.is_dir():
+        raise DataError(f"data.cache: {root} is a file; expected a folder for the decoded-scan cache")
+    if root.is_dir():
+        others = sorted(p.name for p in root.iterdir() if not p.name.endswith(TEMP_SUFFIX))
+        if others:
+            raise DataError(
+                f"data.cache: {root} is not a decoded-scan cache (no {MARKER} marker in it) and holds "
+                f"{len(others)} other file(s), e.g. {others[0]!r}; expected an empty or new folder, or one srforge "
+                "made: choose another folder"
+            )
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(root / MARKER, json.dumps({"srforge": "decoded-scan cache", "version": DECODE_VERSION}))
+
+
+class DecodedCache:
+    """Decoded scans under ``root`` (see the module docstring); ``max_gb``: the folder's budget (None: none).
+
+    ``read_image(path, mode)`` and ``read_mask(path)`` are :func:`srforge.data.images.read_image` and
+    ``read_mask`` through the cache; ``read(source, stamp, decoding, decode)`` caches any decoding of any source.
+    ``stopped`` names why this process adds no more entries (None while it does).
+    """
+
+    def __init__(self, root, max_gb: float | None = None):
+        if max_gb is not None and not max_gb > 0:
+            raise ValueError(f"data.cache_max_gb: expected a size in GB > 0 (or null for no budget), found {max_gb}")
+        self.root = Path(root).absolute()
+        self.max_bytes = None if max_gb is None else int(max_gb * 1e9)
+        self.stopped: str | None = None
+        self.token = uuid.uuid4().hex[:12]  # this cache's processes (and their forked workers) say a stop once
+        self.used: int | None = None  # the folder's bytes at the last count, plus what this process added since
+        self.added_since_count = 0
+        self.lock = threading.Lock()
+        try:
+            claim_folder(self.root)
+            _sweep(self.root)
+        except OSError as error:
+            if no_space(error) is None:
+                raise DataError(f"data.cache: cannot make the cache folder {self.root} ({error})") from error
+            self.stop("disk", f"no space left on {self.root}")
+
+    def __getstate__(self) -> dict:  # a spawned DataLoader worker gets everything but the lock
+        return {k: v for k, v in self.__dict__.items() if k != "lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, lock=threading.Lock())
+
+    def __repr__(self) -> str:
+        budget = "no budget" if self.max_bytes is None else f"max {self.max_bytes / 1e9:g} GB"
+        return f"DecodedCache({str(self.root)!r}, {budget})"
+
+    # -- reading ----------------------------------------------------------------------------------------
+    def read_image(self, path, mode: str = "RGB") -> torch.Tensor:
+        """:func:`srforge.data.images.read_image` of the file ``path``: uint8 [C, H, W] (a view of [H, W, C])."""
+        return self.read_file(path, f"image:{mode}", lambda: read_image(path, mode))
+
+    def read_mask(self, path) -> torch.Tensor:
+        """:func:`srforge.data.images.read_mask` of the file ``path``: [H, W] class ids."""
+        return self.read_file(path, "mask", lambda: read_mask(path))
+
+    def read_file(self, path, decoding: str, decode: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``decode()`` of the file ``path`` through the cache; a file that cannot be stat-ed is decoded (which
+        says why it cannot be read)."""
+        try:
+            stat = os.stat(path)
+        except (OSError, TypeError, ValueError):
+            return decode()
+        return self.read([os.path.abspath(path)], [stat.st_size, stat.st_mtime_ns], decoding, decode)
+
+    def read(self, source: list, stamp: list, decoding: str, decode: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``decode()`` (an image [C, H, W] when ``decoding`` starts with ``image``, else a mask [H, W]) through
+        the cache: ``source`` names what is decoded (JSON-able), ``stamp`` changes when it changes."""
+        name = hashlib.sha256(json.dumps([source, decoding]).encode()).hexdigest()
+        entry = self.root / name[:2] / f"{name}.npy"
+        key = {
+            "source": source,
+            "stamp": stamp,
+            "decoding": decoding,
+            "version": DECODE_VERSION,
+            "pil": PIL.__version__,
+        }
+        image = decoding.startswith("image")
+        found = load_entry(entry, key)
+        if found is not None:
+            pixels, said = found
+            for message in said:
+                warnings.warn(message, DataWarning, stacklevel=3)
+            tensor = torch.from_numpy(pixels)
+            return tensor.permute(2, 0, 1) if image else tensor
+        caught: list = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", DataWarning)
+                tensor = decode()
+        finally:  # given on as if never caught (a failed decoding's too), and kept for every later hit
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        said = [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
+        if self.stopped is None:
+            self.store(entry, key, (tensor.permute(1, 2, 0) if image else tensor).numpy(), said)
+        return tensor
+
+    # -- writing ----------------------------------------------------------------------------------------
+    def store(self, entry: Path, key: dict, pixels: np.ndarray, said: list[str]) -> None:
+        """Write one entry atomically, within the budget; a full disk or an unwritable folder stops the adding."""
+        trailer = TRAILER + json.dumps({"key": key, "warnings": said}).encode() + b"\n"
+        size = pixels.nbytes + len(trailer) + 128  # 128: the .npy header
+        if not self.room(size):
+            return
+
+        def write(f) -> None:
+            np.lib.format.write_array(f, np.ascontiguousarray(pixels), allow_pickle=False)
+            f.write(trailer)
+
+        try:
+            with self.lock:  # threads of one process share the temporary name of an entry
+                atomic_write(entry, write)
+        except OSError as error:
+            full = no_space(error) is not None
+            self.stop("disk" if full else "unwritable", f"no space left on {self.root}" if full else f"{error}")
+            return
+        self.used = None if self.used is None else self.used + size
+        self.added_since_count += 1
+
+    def room(self, size: int) -> bool:
+        """Whether ``size`` more bytes stay within the budget (counting the folder anew every RECOUNT_EVERY
+        entries, and before refusing); past it, the adding stops."""
+        if self.max_bytes is None:
+            return True
+        if self.used is None or self.added_since_count >= RECOUNT_EVERY or self.used + size > self.max_bytes:
+            self.used, self.added_since_count = folder_bytes(self.root), 0
+        if self.used + size <= self.max_bytes:
+            return True
+        self.stop(
+            "budget",
+            f"its entries take {self.used / 1e9:.2f} GB of the {self.max_bytes / 1e9:g} GB data.cache_max_gb allows",
+        )
+        return False
+
+    def stop(self, reason: str, why: str) -> None:
+        """Add no more entries in this process, and say so once for this cache (``reason``: budget, disk,
+        unwritable); reads go on, and so does training."""
+        self.stopped = reason
+        try:
+            os.close(os.open(self.root / f"{STOP_NOTE}{reason}-{self.token}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return  # another worker of this cache said it
+        except OSError:
+            pass  # a full or read-only disk: say it from this process
+        warnings.warn(
+            f"data.cache: {self.root}: {why}; srforge adds no more decoded scans to the cache and reads the rest by "
+            "decoding them (training goes on; cached scans are still read from the cache)",
+            CacheWarning,
+            stacklevel=4,
+        )
+
+
+def load_entry(entry: Path, key: dict) -> tuple[np.ndarray, list[str]] | None:
+    """(the entry's array mapped copy-on-write, the warnings its decoding gave) when ``entry`` is whole and its
+    trailer holds ``key``; None when it is missing, damaged, cut short, of another key, or over PIL's pixel limit."""
+    try:
+        with open(entry, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                return None
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read_header(f)
+            offset = f.tell()
+            if fortran or dtype not in ENTRY_DTYPES or len(shape) not in (2, 3):
+                return None
+            f.seek(offset + math.prod(shape) * dtype.itemsize)
+            trailer = f.read(TRAILER_MAX)
+        stored = json.loads(trailer[len(TRAILER) : -1]) if trailer.startswith(TRAILER) and trailer[-1:] == b"\n" else {}
+        if not isinstance(stored, dict) or stored.get("key") != key:
+            return None
+        limit = Image.MAX_IMAGE_PIXELS
+        if limit is not None and shape[0] * shape[1] > limit:
+            return None  # decoded again, so that PIL refuses it as a decompression bomb
+        pixels = np.memmap(entry, dtype=dtype, mode="c", offset=offset, shape=shape)
+    except (OSError, ValueError, TypeError):  # missing, unreadable, a damaged header or trailer
+        return None
+    return pixels, [str(m) for m in stored.get("warnings", [])]
+
+
+def open_cache(cache, max_gb: float | None = None) -> DecodedCache | None:
+    """``cache`` as a DecodedCache: a folder path (``data.cache``) with the budget ``max_gb``, a DecodedCache as it
+    is, or None (no cache)."""
+    if cache is None or isinstance(cache, DecodedCache):
+        return cache
+    return DecodedCache(cache, max_gb)
+
+
+def cached_image(cache: DecodedCache | None, path, mode: str = "RGB") -> torch.Tensor:
+    """:func:`srforge.data.images.read_image` of ``path``, through ``cache`` when there is one."""
+    return read_image(path, mode) if cache is None else cache.read_image(path, mode)
+
+
+def cached_mask(cache: DecodedCache | None, path) -> torch.Tensor:
+    """:func:`srforge.data.images.read_mask` of ``path``, through ``cache`` when there is one."""
+    return read_mask(path) if cache is None else cache.read_mask(path)
