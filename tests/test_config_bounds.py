@@ -141,7 +141,7 @@ def config_file(tmp_path):
         ("train.lr=-1", r"train.lr: expected a positive number, found -1"),
         ("model.depth=40", r"model.depth: expected an integer <= 16"),
         ("data.ignore_index=1", r"data.ignore_index and model.num_classes"),
-        ("data.max_pixels=1000", r"data.batch_size and data.max_pixels: set exactly one"),
+        ("data.batch_size=null", r"data.batch_size and data.max_pixels: set exactly one"),
         ("data={batch_size: 0}", r"data.batch_size: expected an integer >= 1"),
         ("data.augment.noise=-.inf", r"data.augment.noise: expected a finite number"),
         ("data.dataset.args.root.x=1", r"data.dataset.args.root: expected a mapping for data.dataset.args.root.x"),

@@ -1,10 +1,11 @@
-"""The fast decoder (torchvision.io's libjpeg-turbo) against PIL: the same tensors bit for bit, the same errors
-naming the same files, the same warnings, over every hostile and odd-mode file the project knows. The damaged PNGs
-(a bad IDAT checksum) are there too: torchvision's decode_png crashes the process on them, so PNGs stay with PIL,
-and this corpus would crash the test run if they were ever handed to it."""
+"""The fast decoders (torchvision.io's libjpeg-turbo for JPEG, pyspng's libspng for PNG where the ``fast`` extra is
+installed) against PIL: the same tensors bit for bit, the same errors naming the same files, the same warnings, over
+every hostile and odd-mode file the project knows. The damaged PNGs (a bad IDAT checksum) are there too: torchvision's
+decode_png crashes the process on them, so it is never used, and this corpus would crash the test run if it were."""
 
 import io
 import struct
+import sys
 import warnings
 import zlib
 
@@ -14,7 +15,7 @@ import torch
 from PIL import Image
 
 from srforge.data import images
-from srforge.data.images import decode_fast, read_image, read_image_pil
+from srforge.data.images import decode_fast, png_is_plain, read_image, read_image_pil
 
 ORIENTATION = 0x0112
 
@@ -39,6 +40,34 @@ def _bad_idat_crc(png: bytes) -> bytes:
     length = struct.unpack(">I", png[at : at + 4])[0]
     crc = at + 8 + length
     return png[:crc] + bytes(b ^ 0xFF for b in png[crc : crc + 4]) + png[crc + 4 :]
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _scanlines(rows: np.ndarray) -> bytes:
+    return np.hstack([np.zeros((len(rows), 1), np.uint8), rows]).tobytes()  # filter type 0 on every row
+
+
+def _png(rows: np.ndarray, width: int, depth: int, colour: int, after: bytes = b"", idat: bytes | None = None) -> bytes:
+    """A PNG written chunk by chunk (valid checksums): ``rows`` the bytes of its unfiltered scanlines (uint8 [H, N]),
+    the IHDR ``width``, bit ``depth`` and ``colour`` type; ``after``: chunks after IDAT; ``idat``: its data as given."""
+    ihdr = struct.pack(">IIBBBBB", width, len(rows), depth, colour, 0, 0, 0)
+    pixels = zlib.compress(_scanlines(rows)) if idat is None else idat
+    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", pixels) + after + _chunk(b"IEND", b"")
+
+
+def _odd_pngs(noise, gray) -> dict[str, bytes]:
+    """PNGs PIL reads in a mode pyspng must not be asked for, or with chunks pyspng would not see as PIL does."""
+    nibbles, rgb = gray[:, :20] // 16, noise.reshape(13, -1)
+    return {
+        "rgb16.png": _png((rgb.astype(">u2") * 257).view(np.uint8), 21, 16, 2),
+        "gray4.png": _png(nibbles[:, ::2] * 16 + nibbles[:, 1::2], 20, 4, 0),
+        "text-after-idat.png": _png(rgb, 21, 8, 2, after=_chunk(b"tEXt", b"note\0after")),
+        "short-phys-after-idat.png": _png(rgb, 21, 8, 2, after=_chunk(b"pHYs", b"\0")),
+        "broken-deflate-valid-crc.png": _png(rgb, 21, 8, 2, idat=zlib.compress(b"\xff" * 50)[:30]),
+    }
 
 
 def _cmyk_jpeg(smooth) -> bytes:
@@ -88,6 +117,7 @@ def corpus() -> dict[str, bytes]:
         "rgb.bmp": _saved(noise, "BMP"),
         "empty.png": b"",
         "garbage.png": b"not an image at all",
+        **_odd_pngs(noise, gray),
     }
     for name in ("rgb.png", "rgb-420.jpg", "progressive.jpg", "gray.png"):
         data = files[name]
@@ -103,8 +133,17 @@ def corpus() -> dict[str, bytes]:
     return files
 
 
-# What the fast decoder must take (the rest it must leave to PIL), so that the comparison cannot pass by PIL alone.
-FAST = {"RGB": {"rgb-420.jpg", "rgb-444.jpg", "rgb-422-restarts.jpg", "progressive.jpg", "gray.jpg"}, "L": {"gray.jpg"}}
+# What the fast decoders must take (the rest they must leave to PIL), so that the comparison cannot pass by PIL alone.
+HAVE_PYSPNG = images._pyspng() is not None
+PLAIN_PNGS = {"rgb.png", "rgb-level9-interlaced.png", "gray.png", "rgba.png", "rgb-turned-1.png"} | {
+    "trailing-garbage.png"
+}
+FAST = {
+    "RGB": {"rgb-420.jpg", "rgb-444.jpg", "rgb-422-restarts.jpg", "progressive.jpg", "gray.jpg"}
+    | (PLAIN_PNGS if HAVE_PYSPNG else set()),
+    "L": {"gray.jpg"} | ({"gray.png"} if HAVE_PYSPNG else set()),
+    "RGBA": PLAIN_PNGS if HAVE_PYSPNG else set(),
+}
 
 
 def outcome(read, *args):
@@ -189,3 +228,35 @@ def test_a_png_whose_idat_is_damaged_after_the_header_checks_fails_as_before(tmp
     path.write_bytes(broken)
     same_outcome(outcome(read_image, path, "RGB"), outcome(read_image_pil, path, "RGB"))
     assert outcome(read_image, path, "RGB")[1].startswith("DataError")
+
+
+def test_a_png_pyspng_fails_on_is_decoded_again_by_pil_and_fails_naming_the_file(tmp_path):
+    pyspng = pytest.importorskip("pyspng")
+    data = corpus()["broken-deflate-valid-crc.png"]
+    assert png_is_plain(data)  # every checksum right: pyspng is asked, and fails
+    with pytest.raises(RuntimeError):
+        pyspng.load(data, "RGB")
+    path = tmp_path / "scan.png"
+    path.write_bytes(data)
+    with pytest.raises(images.DataError, match=rf"^{path}: cannot decode .*truncated or corrupt"):
+        read_image(path)
+    same_outcome(outcome(read_image, path, "RGB"), outcome(read_image_pil, path, "RGB"))
+
+
+def test_without_pyspng_pil_decodes_every_png(tmp_path, monkeypatch):
+    path = tmp_path / "rgb.png"
+    path.write_bytes(corpus()["rgb.png"])
+    expected = read_image_pil(path)
+    monkeypatch.setitem(sys.modules, "pyspng", None)  # `import pyspng` raises ImportError
+    assert images._pyspng() is None and decode_fast(path) is None
+    assert torch.equal(read_image(path), expected)
+
+
+@pytest.mark.xfail(strict=True, reason="pyspng checks no Adler-32: a crafted PNG with right chunk CRCs decodes")
+def test_a_png_whose_deflate_checksum_alone_is_wrong_fails_as_with_pil(tmp_path):
+    pytest.importorskip("pyspng")
+    rows = np.arange(13 * 63, dtype=np.uint8).reshape(13, 63)
+    good = zlib.compress(_scanlines(rows))
+    path = tmp_path / "scan.png"
+    path.write_bytes(_png(rows, 21, 8, 2, idat=good[:-1] + bytes([good[-1] ^ 1])))  # the Adler-32 changed
+    same_outcome(outcome(read_image, path, "RGB"), outcome(read_image_pil, path, "RGB"))

@@ -8,10 +8,11 @@ side, a scan stored upside down) is applied on decoding, and sizes read from hea
 so a mask drawn over the picture in any viewer lines up with the decoded image.
 
 Decoding is PIL's, except where a faster decoder gives the same tensor bit for bit: an RGB or grayscale JPEG shown
-as stored (no EXIF turn, one frame) is decoded by torchvision.io's libjpeg-turbo (:func:`fast_decoder` says which
-files; PNGs stay with PIL, see ``FAST_MODES``). PIL opens every file first, so
-its checks (the decompression-bomb refusal, what is an image) come first; a file the fast decoder fails on is
-decoded again by PIL, so a damaged file fails with PIL's error, naming it, as it always has. An image is
+as stored (no EXIF turn, one frame) is decoded by torchvision.io's libjpeg-turbo, and an 8-bit RGB, RGBA or gray PNG
+shown as stored by pyspng (libspng; the ``fast`` extra, imported on first use: without it PNGs stay with PIL).
+:func:`fast_decoder` says which files, ``FAST_MODES`` in which modes. PIL opens every file first, so its checks (the
+decompression-bomb refusal, what is an image) come first; a file the fast decoder fails on is decoded again by PIL,
+so a damaged file fails with PIL's error, naming it, as it always has. An image is
 returned as a [C, H, W] view of the decoded [H, W, C] buffer: no copy after decoding, and the one copy a batch
 needs is the collate's (:class:`srforge.data.collate.AlignedCollate`).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import io
 import os
 import warnings
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -43,15 +45,23 @@ TRANSPOSES = {
 }
 QUARTER_TURNS = (5, 6, 7, 8)  # orientations whose displayed width is the stored height
 
-# (mode stored, mode asked) -> the torchvision.io read mode that decodes a JPEG to PIL's pixels bit for bit: the same
-# mode as stored, or gray replicated into RGB, exactly what PIL's convert("RGB") does. PNGs stay with PIL:
-# torchvision 0.29's decode_png crashes the process (SIGSEGV) on a damaged PNG -- a bad IDAT checksum, or corrupt
-# deflate data under a valid one (16 of 20 such files) -- where PIL raises an error that names the file.
+# format -> (mode stored, mode asked) -> the fast decoder's mode that gives PIL's pixels bit for bit. JPEG: the
+# torchvision.io read mode, the same as stored or gray replicated into RGB, exactly PIL's convert("RGB"). PNG: the
+# pyspng output format, which replicates gray, adds an opaque alpha or drops it exactly as PIL's convert does (not
+# RGB to L: PIL's weights); torchvision 0.29's decode_png is not used: it crashes the process (SIGSEGV) on a damaged
+# PNG (a bad IDAT checksum, or corrupt deflate data under a valid one: 16 of 20 such files).
 FAST_MODES = {
-    ("RGB", "RGB"): tvio.ImageReadMode.UNCHANGED.value,
-    ("L", "L"): tvio.ImageReadMode.UNCHANGED.value,
-    ("L", "RGB"): tvio.ImageReadMode.RGB.value,
+    "JPEG": {
+        ("RGB", "RGB"): tvio.ImageReadMode.UNCHANGED.value,
+        ("L", "L"): tvio.ImageReadMode.UNCHANGED.value,
+        ("L", "RGB"): tvio.ImageReadMode.RGB.value,
+    },
+    "PNG": {
+        ("L", "L"): "L",
+        **{(stored, asked): asked for stored in ("RGB", "RGBA", "L") for asked in ("RGB", "RGBA")},
+    },
 }
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _torchvision_decoders() -> dict:
@@ -63,7 +73,49 @@ def _torchvision_decoders() -> dict:
         return {}
 
 
-FAST_DECODERS = _torchvision_decoders()
+def _pyspng():
+    """pyspng (the ``fast`` extra), imported when a PNG is first decoded; None without it: PIL decodes every PNG."""
+    try:
+        import pyspng
+    except ImportError:
+        return None
+    return pyspng
+
+
+def png_is_plain(data: bytes) -> bool:
+    """Whether the PNG ``data`` is a sequence of chunks, every checksum right, ending in IEND, with nothing but IDAT
+    after the first IDAT and no animation: only then may pyspng decode it. pyspng checks no checksum (neither CRC
+    nor Adler-32) where PIL refuses a broken deflate stream, and PIL's handlers of chunks after the pixels may fail
+    where pyspng's do not: such files go to PIL. What is left: a file whose chunk checksums are right but whose
+    deflate data fails its own Adler-32 check is decoded here where PIL refuses it (a crafted file: damage after
+    writing breaks a chunk checksum)."""
+    at, pixels = len(PNG_SIGNATURE), False
+    view = memoryview(data)
+    while at + 12 <= len(data):
+        length, kind = int.from_bytes(view[at : at + 4], "big"), bytes(view[at + 4 : at + 8])
+        end = at + 8 + length
+        if end + 4 > len(data) or zlib.crc32(view[at + 4 : end]) != int.from_bytes(view[end : end + 4], "big"):
+            return False
+        if kind == b"IEND":
+            return pixels
+        if kind == b"acTL" or (pixels and kind != b"IDAT"):
+            return False
+        pixels, at = pixels or kind == b"IDAT", end + 4
+    return False
+
+
+def _decode_png(data: torch.Tensor, mode: str) -> torch.Tensor:
+    """The PNG ``data`` (uint8 [N]) decoded by pyspng in ``mode`` (a FAST_MODES["PNG"] format) as a [C, H, W] view
+    of its [H, W, C] pixels; a ValueError for a file :func:`png_is_plain` refuses."""
+    encoded = data.numpy().tobytes()  # pyspng takes bytes only
+    if not png_is_plain(encoded):
+        raise ValueError("not a plain PNG: PIL decodes it")
+    pixels = _pyspng().load(encoded, mode)
+    return torch.from_numpy(pixels[:, :, None] if pixels.ndim == 2 else pixels).permute(2, 0, 1)
+
+
+# format -> its fast decoder(encoded uint8 [N], mode) -> uint8 [C, H, W]; a format not here is PIL's alone.
+FAST_DECODERS = {**_torchvision_decoders(), "PNG": _decode_png}
 
 
 class DataError(ValueError):
@@ -138,12 +190,15 @@ def _decode(source, label=None) -> Image.Image:
 
 
 def fast_decoder(image: Image.Image, mode: str):
-    """The torchvision.io read mode that decodes the opened, not yet decoded ``image`` to exactly what PIL gives
-    in ``mode``, or None where PIL must decode it: not a JPEG, not 8-bit gray or RGB as stored (CMYK), or asked
-    in another mode (RGB to L: PIL's weights), more than one frame, or an EXIF turn to apply."""
+    """The mode in which ``FAST_DECODERS[image.format]`` decodes the opened, not yet decoded ``image`` to exactly
+    what PIL gives in ``mode``, or None where PIL must decode it: not a JPEG or a PNG (or a PNG without pyspng), not
+    8 bits a channel as stored (CMYK, palette, 16-bit, gray with alpha), asked in another mode (RGB to L: PIL's
+    weights), a transparent colour, more than one frame, or an EXIF turn to apply."""
     tile = image.tile[0] if len(image.tile) == 1 else None
     raw = tile.args[0] if tile is not None and isinstance(tile.args, tuple) else getattr(tile, "args", None)
-    fast = FAST_MODES.get((image.mode, mode)) if image.format in FAST_DECODERS else None
+    fast = FAST_MODES.get(image.format, {}).get((image.mode, mode)) if image.format in FAST_DECODERS else None
+    if image.format == "PNG" and fast is not None and _pyspng() is None:
+        return None
     if fast is None or raw != image.mode or "transparency" in image.info or getattr(image, "n_frames", 1) > 1:
         return None
     return fast if orientation(image) == 1 else None

@@ -32,6 +32,7 @@ from srforge.data.augment import build_augmentation, scale_range
 from srforge.data.cache import open_cache
 from srforge.data.collate import AlignedCollate
 from srforge.data.crop import crop_shape, crop_sizes
+from srforge.data.loader import DataLoaderFactory
 from srforge.data.rescale import epoch_sizes, scaled_size
 from srforge.data.sampling import SizeGroupedBatchSampler, train_val_indices, training_sampler
 from srforge.data.sizes import dataset_sizes
@@ -238,13 +239,13 @@ class Loaders:
         """This rank's training batches of ``epoch`` (fixed by the seed and the epoch), less the first ``skip``."""
         self.sampler.set_epoch(epoch)
         self.train.set_epoch(epoch)
-        return DataLoader(
+        return DataLoaderFactory(
             self.train,
             batch_sampler=list(self.sampler)[skip:],
             collate_fn=self.collate,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
-        )
+        ).get_loader()
 
 
 def training_epoch_sizes(data: Data) -> Callable[[int], list] | None:
@@ -274,12 +275,14 @@ def build_loaders(
     processes: Processes,
     device: torch.device,
     max_pixels: int | None = None,
+    channels_last: bool = False,
 ) -> Loaders:
     """Batches of alike sizes padded to ``divisor`` (the model's) by AlignedCollate, masks with the ignore index;
     the training batches dealt to ranks by :func:`srforge.data.sampling.training_sampler`, grouped by each
     epoch's sizes when the training view rescales (:func:`training_epoch_sizes`). ``max_pixels`` is the pixel
-    budget ``data.max_pixels`` resolved to (needed for ``auto``; ignored with ``data.batch_size``)."""
-    collate = AlignedCollate(divisor, pad={"image": 0, "mask": data_cfg.ignore_index})
+    budget ``data.max_pixels`` resolved to (needed for ``auto``; ignored with ``data.batch_size``); ``channels_last``
+    (train.channels_last) collates the images channels-last, one copy from the decoded [H, W, C] pixels."""
+    collate = AlignedCollate(divisor, pad={"image": 0, "mask": data_cfg.ignore_index}, channels_last=channels_last)
     budget = None if data_cfg.max_pixels is None else max_pixels or data_cfg.max_pixels
     if budget == "auto":
         raise ValueError("build_loaders: data.max_pixels is auto; pass the budget it resolved to as max_pixels")
@@ -294,13 +297,13 @@ def build_loaders(
     )
     val_batches = list(SizeGroupedBatchSampler(data.val_sizes, **grouping, shuffle=False))
     pin_memory = device.type == "cuda"
-    val = DataLoader(
+    val = DataLoaderFactory(
         data.val,
         batch_sampler=val_batches[processes.rank :: processes.world],
         collate_fn=collate,
         num_workers=data_cfg.num_workers,
         pin_memory=pin_memory,
-    )
+    ).get_loader()
     return Loaders(data.train, sampler, collate, data_cfg.num_workers, pin_memory, val)
 
 

@@ -249,7 +249,7 @@ def prepare_synthetic_data(synthetic: SyntheticSection, processes: Processes, po
     if processes.local_rank == 0:
         scale = synthetic["scale"]  # a number, or YAML's [lo, hi]: each scan draws its own scale from the range
         shown = f"{scale[0]:g}-{scale[1]:g}" if isinstance(scale, list) else scale
-        print(f"srforge: generating {synthetic['n']} synthetic well-log scans into {root} (scale {shown})")
+        print(f"srforge: generating {synthetic['n']} synthetic well-log scans into {root.resolve()} (scale {shown})")
         generator.make_welllog_scans(
             root,
             synthetic["n"],

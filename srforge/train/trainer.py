@@ -133,7 +133,7 @@ class Trainer:
         self.memory, pixels = plan_memory(cfg, self.model, data, self.device, processes)
         self.loaders = build_loaders(
             dcfg, data, divisor=self.model.size_divisor, seed=seed, processes=processes, device=self.device,
-            max_pixels=pixels,
+            max_pixels=pixels, channels_last=tcfg.channels_last,
         )  # fmt: skip
         self.budget = PixelBudget(pixels, self.loaders.sampler)
         if ckpt is not None:  # before the schedule counts the epoch's batches, which the budget cuts
@@ -165,7 +165,7 @@ class Trainer:
         if ckpt is not None:
             self.load_state_dict(ckpt)
             if processes.main:
-                print(f"srforge: resuming {self.run_dir} at epoch {self.epoch + 1}, step {self.step}")
+                print(f"srforge: resuming {self.run_dir.resolve()} at epoch {self.epoch + 1}, step {self.step}")
         if processes.main:
             write_run_config(self.run_dir, cfg)
 
