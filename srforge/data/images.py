@@ -83,34 +83,40 @@ def _pyspng():
 
 
 def png_is_plain(data: bytes) -> bool:
-    """Whether the PNG ``data`` is a sequence of chunks, every checksum right, ending in IEND, with nothing but IDAT
+    """Whether the PNG ``data`` may be decoded by pyspng (:func:`png_end`)."""
+    return png_end(memoryview(data)) is not None
+
+
+def png_end(data) -> int | None:
+    """The offset just past IEND's checksum when the PNG ``data`` (bytes or a buffer) is a sequence of chunks, every checksum right, ending in IEND, with nothing but IDAT
     after the first IDAT and no animation: only then may pyspng decode it. pyspng checks no checksum (neither CRC
     nor Adler-32) where PIL refuses a broken deflate stream, and PIL's handlers of chunks after the pixels may fail
     where pyspng's do not: such files go to PIL. What is left: a file whose chunk checksums are right but whose
     deflate data fails its own Adler-32 check is decoded here where PIL refuses it (a crafted file: damage after
-    writing breaks a chunk checksum)."""
+    writing breaks a chunk checksum). None for any other file. Trailing bytes after IEND are not pyspng's."""
     at, pixels = len(PNG_SIGNATURE), False
     view = memoryview(data)
     while at + 12 <= len(data):
         length, kind = int.from_bytes(view[at : at + 4], "big"), bytes(view[at + 4 : at + 8])
         end = at + 8 + length
         if end + 4 > len(data) or zlib.crc32(view[at + 4 : end]) != int.from_bytes(view[end : end + 4], "big"):
-            return False
+            return None
         if kind == b"IEND":
-            return pixels
+            return end + 4 if pixels else None
         if kind == b"acTL" or (pixels and kind != b"IDAT"):
-            return False
+            return None
         pixels, at = pixels or kind == b"IDAT", end + 4
-    return False
+    return None
 
 
 def _decode_png(data: torch.Tensor, mode: str) -> torch.Tensor:
     """The PNG ``data`` (uint8 [N]) decoded by pyspng in ``mode`` (a FAST_MODES["PNG"] format) as a [C, H, W] view
     of its [H, W, C] pixels; a ValueError for a file :func:`png_is_plain` refuses."""
-    encoded = data.numpy().tobytes()  # pyspng takes bytes only
-    if not png_is_plain(encoded):
+    view = memoryview(data.numpy())
+    end = png_end(view)
+    if end is None:
         raise ValueError("not a plain PNG: PIL decodes it")
-    pixels = _pyspng().load(encoded, mode)
+    pixels = _pyspng().load(bytes(view[:end]), mode)  # pyspng takes bytes only: a copy of the PNG itself, no more
     return torch.from_numpy(pixels[:, :, None] if pixels.ndim == 2 else pixels).permute(2, 0, 1)
 
 
