@@ -88,12 +88,13 @@ def png_is_plain(data: bytes) -> bool:
 
 
 def png_end(data) -> int | None:
-    """The offset just past IEND's checksum when the PNG ``data`` (bytes or a buffer) is a sequence of chunks, every checksum right, ending in IEND, with nothing but IDAT
-    after the first IDAT and no animation: only then may pyspng decode it. pyspng checks no checksum (neither CRC
-    nor Adler-32) where PIL refuses a broken deflate stream, and PIL's handlers of chunks after the pixels may fail
-    where pyspng's do not: such files go to PIL. What is left: a file whose chunk checksums are right but whose
-    deflate data fails its own Adler-32 check is decoded here where PIL refuses it (a crafted file: damage after
-    writing breaks a chunk checksum). None for any other file. Trailing bytes after IEND are not pyspng's."""
+    """The offset just past IEND's checksum when the PNG ``data`` (bytes or a buffer) is a sequence of chunks,
+    every checksum right, ending in IEND, with nothing but IDAT after the first IDAT and no animation: only then may
+    pyspng decode it (the bytes up to that offset). pyspng checks no checksum (neither CRC nor Adler-32) where PIL
+    refuses a broken deflate stream, and PIL's handlers of chunks after the pixels may fail where pyspng's do not:
+    such files go to PIL (None). What is left: a file whose chunk checksums are right but whose deflate data fails
+    its own Adler-32 check is decoded here where PIL refuses it (a crafted file: damage after writing breaks a
+    chunk checksum)."""
     at, pixels = len(PNG_SIGNATURE), False
     view = memoryview(data)
     while at + 12 <= len(data):
