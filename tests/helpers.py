@@ -87,7 +87,14 @@ def stepping_trainer(run_dir: Path, dataset: str, *, num_classes: int = 2, field
         }
     )
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg, environment(), Path(run_dir))
+    from srforge.runtime.memory import StepMemory
+    from srforge.train import memory
+
+    real, memory.probe_memory = memory.probe_memory, lambda *args, **kw: StepMemory(500.0, 0.0, "cpu", "fp32")
+    try:  # the probe is tested on its own (tests/test_memory.py): these trainers only step
+        trainer = Trainer(cfg, environment(), Path(run_dir))
+    finally:
+        memory.probe_memory = real
     trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda s: 1.0)
     return trainer
