@@ -365,8 +365,8 @@ def test_a_lost_torchrun_peer_is_a_message_with_how_to_resume_not_a_traceback(tm
     assert f"{tmp_path / 'ddp' / 'last.pt'} holds the end of epoch 1" in said and "--nproc_per_node=2" in said
     assert "srforge/train/trainer.py" not in said  # no traceback of srforge's
     assert load_checkpoint(tmp_path / "ddp" / "last.pt")["epoch"] == 1
-    resumed = torchrun_two(ROOT / "scripts" / "train.py", *args, "--resume", str(tmp_path / "ddp"), cwd=ROOT)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # last.pt holds an epoch's end, so any number of processes may continue it: one, here
+    assert main_train([*args, "--resume", str(tmp_path / "ddp")]) == 0
     assert load_checkpoint(tmp_path / "ddp" / "last.pt")["epoch"] == 2
 
 
