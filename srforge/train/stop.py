@@ -18,6 +18,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
+
 from srforge.runtime.signals import Terminated
 
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -46,7 +48,7 @@ def peer_lost(error: BaseException, world: int) -> str | None:
     in a single process."""
     if world < 2 or not isinstance(error, RuntimeError):
         return None
-    backend = getattr(__import__("torch").distributed, "DistBackendError", ())
+    backend = getattr(torch.distributed, "DistBackendError", ())
     text = str(error)
     if not (isinstance(error, backend) or any(part in text for part in _PEER_GONE)):
         return None
