@@ -82,11 +82,6 @@ def _pyspng():
     return pyspng
 
 
-def png_is_plain(data: bytes) -> bool:
-    """Whether the PNG ``data`` may be decoded by pyspng (:func:`png_end`)."""
-    return png_end(memoryview(data)) is not None
-
-
 def png_end(data) -> int | None:
     """The offset just past IEND's checksum when the PNG ``data`` (bytes or a buffer) is a sequence of chunks,
     every checksum right, ending in IEND, with nothing but IDAT after the first IDAT and no animation: only then may
@@ -112,7 +107,7 @@ def png_end(data) -> int | None:
 
 def _decode_png(data: torch.Tensor, mode: str) -> torch.Tensor:
     """The PNG ``data`` (uint8 [N]) decoded by pyspng in ``mode`` (a FAST_MODES["PNG"] format) as a [C, H, W] view
-    of its [H, W, C] pixels; a ValueError for a file :func:`png_is_plain` refuses."""
+    of its [H, W, C] pixels; a ValueError for a file :func:`png_end` refuses."""
     view = memoryview(data.numpy())
     end = png_end(view)
     if end is None:

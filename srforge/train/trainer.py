@@ -181,7 +181,9 @@ class Trainer:
 
         A Ctrl-C or SIGTERM, a DataLoader worker the system killed (WorkerLostError) or a scan too large for the
         device even alone (ScanTooLargeError) stops the run resumably: the hooks' after_train sees
-        ``stopped_by`` (last.pt is written at the batch reached), then the error propagates.
+        ``stopped_by`` (last.pt is written at the batch reached), then the error propagates. Another torchrun
+        process that died (a failed collective) is a PeerLostError saying what last.pt holds; nothing more is
+        written, since the ranks can no longer agree.
         """
         tcfg = self.cfg.train
         last = tcfg.epochs if tcfg.stop_after is None else min(tcfg.epochs, self.epoch + tcfg.stop_after)
