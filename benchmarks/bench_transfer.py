@@ -1,0 +1,376 @@
+"""Does what srforge's generator teaches hold on well-log scans it did not draw? (issue 30)
+
+Models are trained with srforge's own trainer on srforge's synthetic scans -- its own curves or curves from a LAS
+file (``data.synthetic.las``), with domain randomisation off and on (the ``data.synthetic`` key whose name starts
+with "random") -- and on the scans of a second, independent renderer (benchmarks/log_plotter.py, which plots real
+LAS curves with matplotlib and degrades them like a scan, sharing no code with srforge's generator). Every model
+is scored by srforge's evaluator (foreground IoU, micro, and its tolerance F1 within 2 px) on:
+
+- ``dev``: the renderer on the training depths of TOTEM #9, another seed (for tuning the generator on);
+- ``test_same_well``: the renderer on TOTEM #9's last 40% of depths, which no training set shows;
+- ``test_other_well``: the renderer on Scorpio E1, a well no training set shows;
+- ``srforge held-out``: srforge's generator as the quickstart has it (own curves, defaults), another seed.
+
+The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
+(TOTEM #9) and 6038187_v1.2.las (Scorpio E1). TOTEM #9's first 60% of depths are written as a LAS file of their
+own: srforge's "LAS curves" variants read it, and so does the renderer's own training set. A threshold baseline
+(the best global darkness threshold, chosen on each set itself, so an optimistic one) needs no training.
+
+Recipe: configs/quickstart.yaml's (UNet, loss, optimizer, lr, 12 epochs, hflip) with binary masks at 1/8 scale
+(400-1,600 x 60-80 px), model depth 4, 60 generated scans split 48 training + 12 validation (val_fraction 0.2),
+and the pixel budget scaled with the scans: 4 x the quickstart's 30,000, as scans at 1/8 scale hold 4 x the pixels
+of its 1/16. best.pt (best validation mean IoU, on the training kind of scans) is scored. Seeds change the
+training scans, the split and the initial weights; the dev and test sets are the same for every seed.
+
+    python benchmarks/bench_transfer.py [--seeds 0 1] [--variants WORD ...] [--las-dir DIR] [--work DIR]
+                                        [--quick] [--make-sets DIR] [--out FILE.json]
+
+``--las-dir DIR``: a folder holding logging_levels.las and 6038187_v1.2.las; without it they are fetched with
+``pip download lasio==0.31 --no-deps --no-binary :all:`` into the work folder. ``--make-sets DIR`` only renders
+DIR/{dev,test_same_well,test_other_well}/{images,masks} (PNG, masks 0/1). ``--quick`` is a smoke run (tiny sets,
+one epoch, one seed): it checks that every variant trains and is scored, not what the table says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import log_plotter  # noqa: E402
+
+from srforge.cli.evaluate import main_evaluate  # noqa: E402
+from srforge.config import load_config  # noqa: E402
+from srforge.config.schema import SyntheticSection  # noqa: E402
+from srforge.runtime.distributed import Processes  # noqa: E402
+from srforge.train import train  # noqa: E402
+from srforge.train.prepare import prepare_synthetic_data  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "quickstart.yaml"
+LASIO = "lasio==0.31"
+TOTEM, SCORPIO = "logging_levels.las", "6038187_v1.2.las"
+TRAIN_FRACTION = 0.6
+SET_SEEDS = {"dev": 1001, "test_same_well": 1002, "test_other_well": 1003}
+SRFORGE_HELD_OUT_SEED = 1000
+QUICKSTART_PIXELS, QUICKSTART_SCALE = 30_000, 0.0625
+TEST_SETS = ("dev", "test_same_well", "test_other_well", "srforge_held_out")
+
+
+@dataclass
+class Setting:
+    """Sizes and schedule of one benchmark run (full or --quick)."""
+
+    scale: float = 0.125
+    train_scans: int = 60  # 48 training + 12 validation at val_fraction 0.2
+    test_scans: int = 24
+    epochs: int = 12
+    depth: int = 4
+
+    @property
+    def max_pixels(self) -> int:
+        return int(QUICKSTART_PIXELS * (self.scale / QUICKSTART_SCALE) ** 2)
+
+
+class SetupError(Exception):
+    """A problem with the inputs (LAS files, folders): printed as a message, exit status 2."""
+
+
+# -- the LAS files and the sets ----------------------------------------------------------------------------------
+def fetch_las(work: Path) -> Path:
+    """A folder holding TOTEM and SCORPIO, from lasio's source distribution fetched by pip into ``work``."""
+    folder = work / "las"
+    if (folder / TOTEM).is_file() and (folder / SCORPIO).is_file():
+        return folder
+    download = work / "pip"
+    command = [sys.executable, "-m", "pip", "download", LASIO, "--no-deps", "--no-binary", ":all:", "-d", str(download)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    archives = sorted(download.glob("lasio-*.tar.gz")) if download.is_dir() else []
+    if done.returncode or not archives:
+        raise SetupError(
+            f"could not fetch {LASIO}'s source distribution with pip ({done.stderr.strip()[-300:] or 'no archive'}). "
+            f"Download lasio-0.31.tar.gz from the package index by other means, take tests/examples/{TOTEM} and "
+            f"tests/examples/{SCORPIO} out of it into a folder, and pass --las-dir FOLDER"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archives[-1]) as sdist:
+        for member in sdist.getmembers():
+            if member.isfile() and member.name.endswith((f"tests/examples/{TOTEM}", f"tests/examples/{SCORPIO}")):
+                (folder / Path(member.name).name).write_bytes(sdist.extractfile(member).read())
+    if not (folder / TOTEM).is_file() or not (folder / SCORPIO).is_file():
+        raise SetupError(f"{archives[-1]}: expected tests/examples/{TOTEM} and {SCORPIO} in it, found them missing")
+    return folder
+
+
+def las_splits(las_dir: Path, work: Path) -> dict[str, Path]:
+    """{"train", "test_same_well", "test_other_well"}: LAS files; TOTEM #9 cut at TRAIN_FRACTION of its depths."""
+    for name in (TOTEM, SCORPIO):
+        if not (las_dir / name).is_file():
+            raise SetupError(f"--las-dir {las_dir}: expected {name} there, found no such file")
+    out = work / "las_splits"
+    out.mkdir(parents=True, exist_ok=True)
+    first, rest = out / "totem9_first60.las", out / "totem9_last40.las"
+    if not first.is_file() or not rest.is_file():
+        log_plotter.split_las(las_dir / TOTEM, TRAIN_FRACTION, first, rest)
+    return {"train": first, "test_same_well": rest, "test_other_well": las_dir / SCORPIO}
+
+
+def render_sets(splits: dict[str, Path], target: Path, setting: Setting) -> dict[str, Path]:
+    """The renderer's dev and test sets under ``target``/<name>/{images,masks} (kept where already there)."""
+    folders = {}
+    for name, seed in SET_SEEDS.items():
+        well = log_plotter.read_well(splits["train" if name == "dev" else name])
+        folders[name] = log_plotter.write_scans(well, target / name, setting.test_scans, seed=seed, scale=setting.scale)
+    return folders
+
+
+# -- the variants --------------------------------------------------------------------------------------------------
+def synthetic_keys() -> dict[str, tuple]:
+    """``data.synthetic``'s keys and the types each takes (srforge.config.schema.SyntheticSection)."""
+    return {k.name: k.types for k in vars(SyntheticSection).values() if hasattr(k, "types") and hasattr(k, "name")}
+
+
+def randomise_key(keys: dict[str, tuple]) -> str | None:
+    """The data.synthetic key that switches domain randomisation, if srforge has one (its name starts with
+    "random" and it takes a bool)."""
+    return next((k for k, types in keys.items() if k.startswith("random") and bool in types), None)
+
+
+def variants(las_train: Path) -> list[dict]:
+    """Each training variant: {"name", "kind": "srforge" | "renderer" | "threshold", "overrides", "missing"}; a
+    variant whose key srforge lacks has ``missing`` (why it is not run)."""
+    keys = synthetic_keys()
+    random_key = randomise_key(keys)
+    rows = []
+    for curves in ("own", "las"):
+        for randomised in (False, True):
+            overrides, missing = [], []
+            if curves == "las":
+                overrides.append(f"data.synthetic.las={json.dumps([str(las_train)])}")
+                missing += [] if "las" in keys else ["data.synthetic has no key 'las'"]
+            if random_key:
+                overrides.append(f"data.synthetic.{random_key}={'true' if randomised else 'false'}")
+            elif randomised:
+                missing.append("data.synthetic has no randomisation key (random*, a bool)")
+            name = f"srforge generator, {'LAS curves' if curves == 'las' else 'own curves'}, randomisation " + (
+                "on" if randomised else "off"
+            )
+            rows.append({"name": name, "kind": "srforge", "overrides": overrides, "missing": "; ".join(missing)})
+    rows.append({"name": "the renderer's own scans (48)", "kind": "renderer", "overrides": [], "missing": ""})
+    rows.append({"name": "threshold (best global darkness, chosen on each set)", "kind": "threshold",
+                 "overrides": [], "missing": ""})  # fmt: skip
+    return rows
+
+
+def base_overrides(setting: Setting, seed: int, run_dir: Path) -> list[str]:
+    """The quickstart recipe at the benchmark's scale (pixel budget scaled with the scans' pixels)."""
+    return [
+        f"run.dir={run_dir}",
+        f"run.seed={seed}",
+        "run.device=cpu",
+        f"model.depth={setting.depth}",
+        f"data.max_pixels={setting.max_pixels}",
+        f"train.epochs={setting.epochs}",
+        f"data.synthetic.n={setting.train_scans}",
+        f"data.synthetic.scale={setting.scale}",
+        f"data.synthetic.seed={seed}",
+        "data.synthetic.classes=binary",
+    ]
+
+
+def srforge_scans(root: Path, setting: Setting, seed: int, extra: list[str], n: int) -> Path:
+    """srforge's generator writes ``n`` scans into ``root`` (as the trainer has it do, through data.synthetic)."""
+    overrides = [*base_overrides(setting, seed, root / "unused_run"), f"data.synthetic.root={root}",
+                 f"data.synthetic.n={n}", f"data.dataset.args.root={root}", *extra]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        prepare_synthetic_data(load_config(CONFIG, overrides).data.synthetic, Processes())
+    return root
+
+
+def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_train: Path) -> tuple[Path, float]:
+    """Train ``variant`` for ``seed``; (its best.pt, seconds of training, generation included)."""
+    slug = "_".join(word.strip(",()") for word in variant["name"].split()[:8]).replace("'", "")
+    run_dir = work / "runs" / f"{slug}_seed{seed}"
+    overrides = base_overrides(setting, seed, run_dir)
+    if variant["kind"] == "srforge":
+        data = work / "srforge_train" / f"{slug}_seed{seed}_n{setting.train_scans}_s{setting.scale:g}"
+        overrides += [f"data.synthetic.root={data}", f"data.dataset.args.root={data}", *variant["overrides"]]
+    else:
+        overrides += ["data.synthetic.root=null", f"data.dataset.args.root={own_train}"]
+    cfg = load_config(CONFIG, overrides)
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        train(cfg, overwrite=True)
+    return run_dir / "best.pt", time.perf_counter() - start
+
+
+# -- scoring -------------------------------------------------------------------------------------------------------
+def evaluator(arguments: list[str], out: Path) -> dict:
+    """Run srforge's evaluator (its command line, in this process) into a fresh ``out``; (fg IoU, tolerance F1)
+    of the curve class, micro (pixels pooled)."""
+    shutil.rmtree(out, ignore_errors=True)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        status = main_evaluate([*arguments, "--output", str(out), "--no-progress", "--worst", "0", "--device", "cpu"])
+    if status != 0:
+        raise RuntimeError(f"srforge-evaluate {' '.join(arguments)} ended with status {status}:\n{log.getvalue()}")
+    micro = json.loads((out / "metrics.json").read_text())["models"][0]["results"]["micro"]["per_class"]
+    return {"fg_iou": micro["iou"]["curve"], "tol_f1": micro["tol_f1"]["curve"]}
+
+
+def score_checkpoint(checkpoint: Path, folder: Path, out: Path) -> dict:
+    return evaluator(["--checkpoint", str(checkpoint), "--input", str(folder), "--workers", "0"], out)
+
+
+def darkness(path: Path) -> np.ndarray:
+    """uint8 [H, W]: 255 - the image's luminance."""
+    with Image.open(path) as image:
+        return 255 - np.asarray(image.convert("L"))
+
+
+def best_threshold(folder: Path) -> int:
+    """The darkness t (pixels >= t are curve) of the best foreground IoU over ``folder``'s scans, pooled."""
+    curve, background = np.zeros(256, np.int64), np.zeros(256, np.int64)
+    for path in sorted((folder / "images").glob("*.png")):
+        dark = darkness(path)
+        with Image.open(folder / "masks" / path.name) as mask:
+            truth = np.asarray(mask) == 1
+        curve += np.bincount(dark[truth], minlength=256)
+        background += np.bincount(dark[~truth], minlength=256)
+    hits = np.cumsum(curve[::-1])[::-1]  # curve pixels at darkness >= t
+    false = np.cumsum(background[::-1])[::-1]
+    return int(np.argmax(hits / (curve.sum() + false)))
+
+
+def score_threshold(folder: Path, out: Path) -> dict:
+    """The threshold baseline on ``folder``: its masks written, scored by srforge's evaluator."""
+    threshold = best_threshold(folder)
+    predictions = out.parent / f"{out.name}_masks"
+    shutil.rmtree(predictions, ignore_errors=True)
+    predictions.mkdir(parents=True)
+    for path in sorted((folder / "images").glob("*.png")):
+        Image.fromarray((darkness(path) >= threshold).astype(np.uint8)).save(predictions / path.name)
+    found = evaluator(["--predictions", str(predictions), "--masks", str(folder / "masks"), "--classes",
+                       "background,curve"], out)  # fmt: skip
+    return {**found, "threshold": threshold}
+
+
+# -- the run ---------------------------------------------------------------------------------------------------------
+def mean_sd(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
+
+
+def print_table(rows: list[dict], skipped: list[dict], seeds: list[int]) -> None:
+    """The markdown table: each variant's mean ± sample sd over seeds of foreground IoU and tolerance F1."""
+    print(f"\nforeground IoU / tolerance F1 (2 px), micro; mean ± sd over seeds {seeds}:")
+    head = ["trained on", *[f"{s} IoU / tol F1" for s in TEST_SETS], "training s"]
+    print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        mine = [r for r in rows if r["variant"] == name]
+        cells = [name]
+        for part in TEST_SETS:
+            scored = [r["scores"][part] for r in mine if part in r["scores"]]
+            iou, f1 = mean_sd([s["fg_iou"] for s in scored]), mean_sd([s["tol_f1"] for s in scored])
+            cells.append(f"{iou} / {f1}" if scored else "-")
+        seconds = [r["seconds"] for r in mine if r["seconds"] is not None]
+        cells.append(f"{np.mean(seconds):.0f}" if seconds else "-")
+        print("| " + " | ".join(cells) + " |")
+    for variant in skipped:
+        print(f"not run: {variant['name']}: {variant['missing']}")
+
+
+def run_seed(seed: int, chosen: list[dict], setting: Setting, work: Path, sets: dict[str, Path], las: dict) -> list:
+    """Train and score every chosen variant for ``seed``; one row each."""
+    own_train = log_plotter.write_scans(log_plotter.read_well(las["train"]), work / "renderer_train" /
+                                        f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}",
+                                        setting.train_scans, seed=seed, scale=setting.scale)  # fmt: skip
+    rows = []
+    for variant in chosen:
+        if variant["kind"] == "threshold":
+            continue
+        checkpoint, seconds = train_variant(variant, setting, seed, work, own_train)
+        scores = {
+            part: score_checkpoint(checkpoint, folder, checkpoint.parent / f"evaluate-{part}")
+            for part, folder in sets.items()
+        }
+        rows.append({"variant": variant["name"], "seed": seed, "seconds": round(seconds, 1), "scores": scores})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--variants", nargs="+", default=None, help="only variants whose name holds one of these")
+    parser.add_argument("--las-dir", type=Path, default=None, help=f"a folder holding {TOTEM} and {SCORPIO}")
+    parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "results" / "transfer_work")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sets, one epoch, one seed")
+    parser.add_argument("--make-sets", type=Path, default=None, metavar="DIR", help="only render the dev/test sets")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_transfer.json")
+    args = parser.parse_args(argv)
+    setting = Setting(scale=0.0625, train_scans=10, test_scans=3, epochs=1) if args.quick else Setting()
+    if args.quick:
+        args.seeds = args.seeds[:1]
+        args.work = args.work.parent / f"{args.work.name}_quick"
+    try:
+        las = las_splits(args.las_dir or fetch_las(args.work), args.work)
+    except SetupError as exc:
+        print(f"bench_transfer: {exc}", file=sys.stderr)
+        return 2
+    if args.make_sets:
+        for name, folder in render_sets(las, args.make_sets, setting).items():
+            print(f"{name}: {len(list((folder / 'images').glob('*.png')))} scans in {folder}")
+        return 0
+    return run(args, setting, las)
+
+
+def run(args, setting: Setting, las: dict) -> int:
+    """Render and generate the test sets, train and score the chosen variants, print the table, write the JSON."""
+    start = time.perf_counter()
+    every = variants(las["train"])
+    chosen = [v for v in every if not args.variants or any(w.lower() in v["name"].lower() for w in args.variants)]
+    skipped = [v for v in chosen if v["missing"]]
+    chosen = [v for v in chosen if not v["missing"]]
+    sets = render_sets(las, args.work / f"sets_n{setting.test_scans}_s{setting.scale:g}", setting)
+    sets["srforge_held_out"] = srforge_scans(
+        args.work / f"srforge_held_out_n{setting.test_scans}_s{setting.scale:g}", setting, SRFORGE_HELD_OUT_SEED,
+        [], setting.test_scans,
+    )  # fmt: skip
+    rows = []
+    for variant in (v for v in chosen if v["kind"] == "threshold"):
+        scores = {part: score_threshold(folder, args.work / "threshold" / part) for part, folder in sets.items()}
+        rows.append({"variant": variant["name"], "seed": None, "seconds": None, "scores": scores})
+        print(json.dumps(rows[-1]), flush=True)
+    for seed in args.seeds:
+        rows += run_seed(seed, chosen, setting, args.work, sets, las)
+    print_table(rows, skipped, args.seeds)
+    seconds = time.perf_counter() - start
+    print(f"wall time {seconds:.0f} s")
+    document = {"setting": {**asdict(setting), "max_pixels": setting.max_pixels}, "seeds": args.seeds,
+                "rows": rows, "not_run": [{k: v[k] for k in ("name", "missing")} for v in skipped],
+                "seconds": round(seconds, 1)}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
