@@ -1,7 +1,6 @@
 """Data: Entry and its collation, the padding collate, datasets, samplers, transforms, loaders."""
 
 from srforge.data.adapter import FieldView, mask_dtype
-from srforge.data.augment import Augmentation, build_augmentation
 from srforge.data.collate import AlignedCollate, pad_to_multiple
 from srforge.data.datasets import SegmentationFolder, check_folder
 from srforge.data.entry import Entry
@@ -30,8 +29,6 @@ __all__ = [
     "read_mask",
     "SizeGroupedBatchSampler",
     "size_stratified_split",
-    "Augmentation",
-    "build_augmentation",
     "make_welllog_scans",
     "FieldView",
     "dataset_sizes",

@@ -19,6 +19,7 @@ needs is the collate's (:class:`srforge.data.collate.AlignedCollate`).
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import warnings
@@ -27,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torchvision.io as tvio
 from PIL import Image, UnidentifiedImageError
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
@@ -52,9 +52,9 @@ QUARTER_TURNS = (5, 6, 7, 8)  # orientations whose displayed width is the stored
 # PNG (a bad IDAT checksum, or corrupt deflate data under a valid one: 16 of 20 such files).
 FAST_MODES = {
     "JPEG": {
-        ("RGB", "RGB"): tvio.ImageReadMode.UNCHANGED.value,
-        ("L", "L"): tvio.ImageReadMode.UNCHANGED.value,
-        ("L", "RGB"): tvio.ImageReadMode.RGB.value,
+        ("RGB", "RGB"): "UNCHANGED",
+        ("L", "L"): "UNCHANGED",
+        ("L", "RGB"): "RGB",
     },
     "PNG": {
         ("L", "L"): "L",
@@ -64,13 +64,25 @@ FAST_MODES = {
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _torchvision_decoders() -> dict:
-    """format -> torchvision.io's CPU decoder (libjpeg-turbo), the op its ``decode_jpeg`` calls (the wrapper is
-    deprecated since torchvision 0.29 and warns on every call); {} without it: PIL then decodes every file."""
+@functools.cache
+def _jpeg_op():
+    """torchvision.io's CPU JPEG decoder (libjpeg-turbo), the op its ``decode_jpeg`` calls (the wrapper is deprecated
+    since torchvision 0.29 and warns on every call), and its read modes; None without it: PIL then decodes every JPEG.
+    Imported when a JPEG is first decoded: importing torchvision costs a process about a second (its ops import
+    torch._dynamo), which a run that reads no JPEG need not pay."""
     try:
-        return {"JPEG": torch.ops.image.decode_jpeg}
-    except (AttributeError, RuntimeError):
-        return {}
+        import torchvision.io as tvio
+
+        return torch.ops.image.decode_jpeg, tvio.ImageReadMode
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+
+
+def _decode_jpeg(data: torch.Tensor, mode: str) -> torch.Tensor:
+    """The JPEG ``data`` (uint8 [N]) decoded by libjpeg-turbo in ``mode`` (a FAST_MODES["JPEG"] read mode's name)
+    as uint8 [C, H, W]."""
+    decode, modes = _jpeg_op()
+    return decode(data, modes[mode].value)
 
 
 def _pyspng():
@@ -117,7 +129,7 @@ def _decode_png(data: torch.Tensor, mode: str) -> torch.Tensor:
 
 
 # format -> its fast decoder(encoded uint8 [N], mode) -> uint8 [C, H, W]; a format not here is PIL's alone.
-FAST_DECODERS = {**_torchvision_decoders(), "PNG": _decode_png}
+FAST_DECODERS = {"JPEG": _decode_jpeg, "PNG": _decode_png}
 
 
 class DataError(ValueError):
@@ -199,7 +211,7 @@ def fast_decoder(image: Image.Image, mode: str):
     tile = image.tile[0] if len(image.tile) == 1 else None
     raw = tile.args[0] if tile is not None and isinstance(tile.args, tuple) else getattr(tile, "args", None)
     fast = FAST_MODES.get(image.format, {}).get((image.mode, mode)) if image.format in FAST_DECODERS else None
-    if image.format == "PNG" and fast is not None and _pyspng() is None:
+    if fast is not None and (_pyspng() if image.format == "PNG" else _jpeg_op()) is None:
         return None
     if fast is None or raw != image.mode or "transparency" in image.info or getattr(image, "n_frames", 1) > 1:
         return None

@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, PngImagePlugin
-from torchvision.utils import draw_segmentation_masks
 
 from srforge.atomic import as_disk_full, atomic_write
 from srforge.data.naming import scan_stem
@@ -173,6 +172,8 @@ def class_fractions(mask: np.ndarray, num_classes: int) -> list[float]:
 
 def draw_overlay(image: torch.Tensor, mask: torch.Tensor, num_classes: int) -> torch.Tensor:
     """The scan [C, H, W] uint8 as RGB with classes 1..K-1 of ``mask`` [H, W] drawn at half opacity -> [3, H, W]."""
+    from torchvision.utils import draw_segmentation_masks  # torchvision costs a process ~1 s: only overlays load it
+
     rgb = image[:3] if image.shape[0] >= 3 else image[:1].expand(3, -1, -1)
     if image.is_floating_point():
         rgb = (rgb.clamp(0, 1) * 255).round().to(torch.uint8)

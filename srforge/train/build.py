@@ -28,7 +28,6 @@ from srforge.config import ConfigError, import_object
 from srforge.config.schema import DataSection, ModelSection
 from srforge.constants import UNET_CLASSES, UNET_KEYS
 from srforge.data.adapter import FieldView
-from srforge.data.augment import build_augmentation, scale_range
 from srforge.data.cache import open_cache
 from srforge.data.collate import AlignedCollate
 from srforge.data.crop import crop_shape, crop_sizes
@@ -111,6 +110,8 @@ def build_data(data: DataSection, *, num_classes: int, seed: int, run_dir: Path,
     if problem:
         raise ConfigError(f"model.depth: {problem}")
     recipe = dict(data.augment or {})
+    if recipe:  # torchvision's transforms cost a process about a second to import: only a recipe loads them
+        from srforge.data.augment import build_augmentation, scale_range
     scale = scale_range(recipe.pop("scale")) if "scale" in recipe else None
     augment = build_augmentation(recipe, ignore_index=data.ignore_index) if recipe else None
     checks = {"num_classes": num_classes, "ignore_index": data.ignore_index}
