@@ -1,8 +1,10 @@
 """The Trainer's hooks: EMA of the weights, early stopping, a user's own hook from YAML with state, and the trust
 rule (a checkpoint names no hook class srforge imports). Exact resume holds with all of them on."""
 
+import io
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,9 +12,11 @@ import yaml
 from test_train import tiny_config
 
 from srforge.cli import main_train
+from srforge.cli.train import _say_done
 from srforge.config import ConfigError, resolve
 from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint
 from srforge.train import Hook, train
+from srforge.train.hooks import ProgressHook
 
 
 class CountingHook(Hook):
@@ -168,3 +172,37 @@ def test_a_checkpoint_naming_a_hook_class_it_was_not_configured_with_imports_not
     (run / "config.yaml").write_text(yaml.safe_dump(ckpt["config"]))
     assert main_train(["--resume", str(run), "train.epochs=2"]) == 0
     assert not (run / "IMPORTED").exists()
+
+
+class _Stream(io.StringIO):
+    """stderr as a terminal (``tty=True``) or as a log file, a pipe, CI (``tty=False``)."""
+
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["terminal", "log-file"])
+def test_the_progress_bar_draws_on_a_terminal_only(monkeypatch, tty):
+    stream = _Stream(tty)
+    monkeypatch.setattr(sys, "stderr", stream)
+    hook = ProgressHook()
+    hook.trainer = SimpleNamespace(epoch_batches=50, epoch=0, cfg=SimpleNamespace(train=SimpleNamespace(epochs=3)))
+    hook.trainer.update_batches, hook.trainer.shown = 1, None
+    hook.before_epoch()
+    for _ in range(50):
+        hook.after_step()
+    hook.after_epoch()
+    written = stream.getvalue()
+    assert "epoch 1/3:" in written and "/50" in written if tty else written == ""
+
+
+def test_the_done_line_names_the_run_folder_by_its_absolute_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    summary = {"val_iou": [0.9, 0.8], "val_mean_iou": 0.85, "best_mean_iou": 0.86, "class_names": ["bg", "curve"]}
+    _say_done({**summary, "run_dir": "runs/x"})
+    line = capsys.readouterr().out
+    assert f"run directory {tmp_path / 'runs' / 'x'}" in line and "bg 0.9000, curve 0.8000 (mean 0.8500)" in line
