@@ -23,18 +23,21 @@ of its 1/16. best.pt (best validation mean IoU, on the training kind of scans) i
 training scans, the split and the initial weights; the dev and test sets are the same for every seed.
 
     python benchmarks/bench_transfer.py [--seeds 0 1] [--variants WORD ...] [--las-dir DIR] [--work DIR]
-                                        [--quick] [--make-sets DIR] [--out FILE.json]
+                                        [--reuse] [--quick] [--make-sets DIR] [--out FILE.json]
 
 ``--las-dir DIR``: a folder holding logging_levels.las and 6038187_v1.2.las; without it they are fetched with
 ``pip download lasio==0.31 --no-deps --no-binary :all:`` into the work folder. ``--make-sets DIR`` only renders
 DIR/{dev,test_same_well,test_other_well}/{images,masks} (PNG, masks 0/1). ``--quick`` is a smoke run (tiny sets,
-one epoch, one seed): it checks that every variant trains and is scored, not what the table says.
+one epoch, one seed): it checks that every variant trains and is scored, not what the table says. ``--reuse``
+keeps the models trained on the renderer's scans by an earlier run (same renderer source, setting and seed);
+srforge's data and models are made afresh every run.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import shutil
@@ -128,6 +131,11 @@ def las_splits(las_dir: Path, work: Path) -> dict[str, Path]:
     return {"train": first, "test_same_well": rest, "test_other_well": las_dir / SCORPIO}
 
 
+def renderer_version() -> str:
+    """A digest of log_plotter.py: folders of rendered scans are named by it, so a changed renderer renders anew."""
+    return hashlib.sha256(Path(log_plotter.__file__).read_bytes()).hexdigest()[:10]
+
+
 def render_sets(splits: dict[str, Path], target: Path, setting: Setting) -> dict[str, Path]:
     """The renderer's dev and test sets under ``target``/<name>/{images,masks} (kept where already there)."""
     folders = {}
@@ -192,7 +200,9 @@ def base_overrides(setting: Setting, seed: int, run_dir: Path) -> list[str]:
 
 
 def srforge_scans(root: Path, setting: Setting, seed: int, extra: list[str], n: int) -> Path:
-    """srforge's generator writes ``n`` scans into ``root`` (as the trainer has it do, through data.synthetic)."""
+    """srforge's generator writes ``n`` scans into a fresh ``root`` (as the trainer has it do, through
+    data.synthetic): the generator may have changed since an earlier run, so nothing of one is kept."""
+    shutil.rmtree(root, ignore_errors=True)
     overrides = [*base_overrides(setting, seed, root / "unused_run"), f"data.synthetic.root={root}",
                  f"data.synthetic.n={n}", f"data.dataset.args.root={root}", *extra]  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()):
@@ -200,13 +210,22 @@ def srforge_scans(root: Path, setting: Setting, seed: int, extra: list[str], n: 
     return root
 
 
-def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_train: Path) -> tuple[Path, float]:
-    """Train ``variant`` for ``seed``; (its best.pt, seconds of training, generation included)."""
+def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_train: Path, reuse: bool):
+    """Train ``variant`` for ``seed``; (its best.pt, seconds of training, generation included). srforge's data
+    is generated afresh; with ``reuse``, a model trained on the renderer's scans by an earlier run of the same
+    renderer, setting and seed is kept (its seconds are that run's)."""
     slug = "_".join(word.strip(",()") for word in variant["name"].split()[:8]).replace("'", "")
-    run_dir = work / "runs" / f"{slug}_seed{seed}"
+    key = f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}_e{setting.epochs}_d{setting.depth}"
+    run_dir = (
+        work / "runs" / (f"{slug}_{key}" if variant["kind"] == "srforge" else f"renderer_{renderer_version()}_{key}")
+    )
+    done = run_dir / "bench_transfer_seconds.json"
+    if reuse and variant["kind"] == "renderer" and done.is_file() and (run_dir / "best.pt").is_file():
+        return run_dir / "best.pt", json.loads(done.read_text())["seconds"]
     overrides = base_overrides(setting, seed, run_dir)
     if variant["kind"] == "srforge":
-        data = work / "srforge_train" / f"{slug}_seed{seed}_n{setting.train_scans}_s{setting.scale:g}"
+        data = work / "srforge_train" / f"{slug}_{key}"
+        shutil.rmtree(data, ignore_errors=True)  # the generator may have changed since an earlier run
         overrides += [f"data.synthetic.root={data}", f"data.dataset.args.root={data}", *variant["overrides"]]
     else:
         overrides += ["data.synthetic.root=null", f"data.dataset.args.root={own_train}"]
@@ -214,7 +233,9 @@ def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_tr
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         train(cfg, overwrite=True)
-    return run_dir / "best.pt", time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    done.write_text(json.dumps({"seconds": seconds}))
+    return run_dir / "best.pt", seconds
 
 
 # -- scoring -------------------------------------------------------------------------------------------------------
@@ -296,16 +317,16 @@ def print_table(rows: list[dict], skipped: list[dict], seeds: list[int]) -> None
         print(f"not run: {variant['name']}: {variant['missing']}")
 
 
-def run_seed(seed: int, chosen: list[dict], setting: Setting, work: Path, sets: dict[str, Path], las: dict) -> list:
+def run_seed(seed: int, chosen: list[dict], setting: Setting, args, sets: dict[str, Path], las: dict) -> list:
     """Train and score every chosen variant for ``seed``; one row each."""
-    own_train = log_plotter.write_scans(log_plotter.read_well(las["train"]), work / "renderer_train" /
-                                        f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}",
-                                        setting.train_scans, seed=seed, scale=setting.scale)  # fmt: skip
+    folder = args.work / "renderer_train" / f"{renderer_version()}_seed{seed}_n{setting.train_scans}_s{setting.scale:g}"
+    own = log_plotter.write_scans(log_plotter.read_well(las["train"]), folder, setting.train_scans, seed=seed,
+                                  scale=setting.scale)  # fmt: skip
     rows = []
     for variant in chosen:
         if variant["kind"] == "threshold":
             continue
-        checkpoint, seconds = train_variant(variant, setting, seed, work, own_train)
+        checkpoint, seconds = train_variant(variant, setting, seed, args.work, own, args.reuse)
         scores = {
             part: score_checkpoint(checkpoint, folder, checkpoint.parent / f"evaluate-{part}")
             for part, folder in sets.items()
@@ -321,6 +342,12 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="+", default=None, help="only variants whose name holds one of these")
     parser.add_argument("--las-dir", type=Path, default=None, help=f"a folder holding {TOTEM} and {SCORPIO}")
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "results" / "transfer_work")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep models trained on the renderer's scans by an "
+        "earlier run of the same renderer, setting and seed (srforge's models are always retrained)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sets, one epoch, one seed")
     parser.add_argument("--make-sets", type=Path, default=None, metavar="DIR", help="only render the dev/test sets")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_transfer.json")
@@ -348,7 +375,7 @@ def run(args, setting: Setting, las: dict) -> int:
     chosen = [v for v in every if not args.variants or any(w.lower() in v["name"].lower() for w in args.variants)]
     skipped = [v for v in chosen if v["missing"]]
     chosen = [v for v in chosen if not v["missing"]]
-    sets = render_sets(las, args.work / f"sets_n{setting.test_scans}_s{setting.scale:g}", setting)
+    sets = render_sets(las, args.work / f"sets_{renderer_version()}_n{setting.test_scans}_s{setting.scale:g}", setting)
     sets["srforge_held_out"] = srforge_scans(
         args.work / f"srforge_held_out_n{setting.test_scans}_s{setting.scale:g}", setting, SRFORGE_HELD_OUT_SEED,
         [], setting.test_scans,
@@ -359,7 +386,7 @@ def run(args, setting: Setting, las: dict) -> int:
         rows.append({"variant": variant["name"], "seed": None, "seconds": None, "scores": scores})
         print(json.dumps(rows[-1]), flush=True)
     for seed in args.seeds:
-        rows += run_seed(seed, chosen, setting, args.work, sets, las)
+        rows += run_seed(seed, chosen, setting, args, sets, las)
     print_table(rows, skipped, args.seeds)
     seconds = time.perf_counter() - start
     print(f"wall time {seconds:.0f} s")

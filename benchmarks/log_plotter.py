@@ -15,7 +15,8 @@ and growing it keeps its first scans):
 - 1-3 curves a track, chosen by mnemonic, unit and value range (resistivity-like and positive curves spanning
   decades on log tracks), each on its own "nice" scale (sometimes reversed), values leaving the track wrapped
   around, drawn as a backup trace in another dash, or pegged at the edge; now and then an amplified (x5) trace;
-- line widths of 1-3.5 px at 1/8 scale, inks black, grey and colour, solid, dashed, dotted and dash-dot;
+- line widths of 1-2.5 px at 1/8 scale (6-20 px at full size), inks black, grey and colour, solid, dashed,
+  dotted and dash-dot;
 - curve names, units and scale values repeated along the tracks, depth numbers, an optional header panel with
   the well's name; text of several sizes and fonts, along the depth or turned by 90 degrees, under or over the
   curves;
@@ -49,6 +50,7 @@ from PIL import Image, ImageFilter
 FULL_WIDTH = (3200, 12800)
 FULL_HEIGHT = (480, 640)
 MASK_COVERAGE = 0.5  # a curve pixel: coverage >= this in the curve layer (the stroke's centre half-pixel rule)
+MAX_WRAPS = 0.02  # wraps per sample beyond which a trace is pegged (it would fill its track with jumps)
 DPI = 72  # 1 point = 1 pixel, so line widths and font sizes are given in pixels
 FONTS = ("DejaVu Sans", "DejaVu Serif", "DejaVu Sans Mono")
 ANGLES = ("deg", "degree", "degrees", "dega")
@@ -59,9 +61,10 @@ CURVE_INKS = {
     "brown": (0.5, 0.28, 0.08), "navy": (0.1, 0.1, 0.4), "orange": (0.85, 0.4, 0.05),
 }  # fmt: skip
 GRID_INKS = [
-    (0.72, 0.72, 0.72), (0.55, 0.55, 0.55), (0.2, 0.2, 0.2), (0.92, 0.5, 0.35), (0.45, 0.7, 0.5),
-    (0.5, 0.62, 0.88), (0.66, 0.52, 0.38),
+    (0.72, 0.72, 0.72), (0.55, 0.55, 0.55), (0.35, 0.35, 0.35), (0.12, 0.12, 0.12), (0.92, 0.5, 0.35),
+    (0.45, 0.7, 0.5), (0.5, 0.62, 0.88), (0.66, 0.52, 0.38),
 ]  # fmt: skip
+GRID_WEIGHTS = (0.14, 0.14, 0.16, 0.22, 0.1, 0.08, 0.08, 0.08)  # black-and-white copies are the common archive
 PAPERS = [
     (0.97, 0.97, 0.96), (0.95, 0.92, 0.82), (0.9, 0.85, 0.7), (0.85, 0.85, 0.85), (0.88, 0.92, 0.95),
     (0.93, 0.88, 0.84),
@@ -176,7 +179,7 @@ def scan_size(rng: np.random.Generator, scale: float) -> tuple[int, int]:
 
 def draw_style(rng: np.random.Generator, scale: float) -> dict:
     """Paper, grid, text and orientation of one scan; widths in pixels at ``scale``."""
-    grid = np.array(GRID_INKS[rng.integers(len(GRID_INKS))])
+    grid = np.array(GRID_INKS[rng.choice(len(GRID_INKS), p=GRID_WEIGHTS)])
     return {
         "paper": np.clip(np.array(PAPERS[rng.integers(len(PAPERS))]) + rng.normal(0, 0.015, 3), 0.6, 1.0),
         "grid": grid,
@@ -259,7 +262,7 @@ def draw_trace(rng: np.random.Generator, curve: Curve, scale_kind: str, style: d
         "right": right,
         "divisions": divisions,
         "ink": np.array(inks[rng.integers(len(inks))]),
-        "width": max(1.0, rng.uniform(8, 28) * scale),
+        "width": max(1.0, rng.uniform(6, 20) * scale),
         "dashes": DASHES[dash],
         "beyond": ["wrap", "backup", "peg"][int(rng.choice(3, p=[0.45, 0.35, 0.2]))],
         "backup_dashes": DASHES[["dashed", "dotted", "solid"][rng.integers(3)]],
@@ -531,7 +534,8 @@ def draw_header(sheet: Sheet, plan: dict, well: Well) -> None:
 
 def curve_traces(plan: dict, well: Well) -> list[tuple[np.ndarray, np.ndarray, dict, object]]:
     """(x, y, trace, dashes) of every polyline the curve layer draws: main traces, backup traces, amplified
-    traces; lifts (NaN) at gaps and wraps."""
+    traces; lifts (NaN) at gaps and wraps. A trace that would wrap at more than MAX_WRAPS of its samples is
+    pegged instead."""
     window = plan["window"]
     span = slice(window["start"], window["start"] + window["count"])
     flip = plan["style"]["flip_value"]
@@ -545,7 +549,10 @@ def curve_traces(plan: dict, well: Well) -> list[tuple[np.ndarray, np.ndarray, d
                 amplified = {**trace, "right": trace["left"] + (trace["right"] - trace["left"]) / 5}
                 versions.append((amplified, "wrap", DASHES["dashed"]))
             for version, beyond, dashes in versions:
-                main, backup, breaks = wrapped(normalised(values, version), beyond)
+                u = normalised(values, version)
+                main, backup, breaks = wrapped(u, beyond)
+                if len(breaks) > MAX_WRAPS * len(u):  # a scale edge inside the noise: the operator pegs instead
+                    main, backup, breaks = wrapped(u, "peg")
                 mx, my = np.insert(x, breaks, np.nan), np.insert(value_y(band, main, flip), breaks, np.nan)
                 lines.append((mx, my, trace, dashes))
                 if backup is not None:
