@@ -23,6 +23,7 @@ of its 1/16. best.pt (best validation mean IoU, on the training kind of scans) i
 training scans, the split and the initial weights; the dev and test sets are the same for every seed.
 
     python benchmarks/bench_transfer.py [--seeds 0 1] [--variants WORD ...] [--las-dir DIR] [--work DIR]
+                                        [--scale 0.125] [--depth 4] [--epochs 12] [--test-scans 24]
                                         [--reuse] [--quick] [--make-sets DIR] [--out FILE.json]
 
 ``--las-dir DIR``: a folder holding logging_levels.las and 6038187_v1.2.las; without it they are fetched with
@@ -336,12 +337,16 @@ def run_seed(seed: int, chosen: list[dict], setting: Setting, args, sets: dict[s
     return rows
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--variants", nargs="+", default=None, help="only variants whose name holds one of these")
     parser.add_argument("--las-dir", type=Path, default=None, help=f"a folder holding {TOTEM} and {SCORPIO}")
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "results" / "transfer_work")
+    parser.add_argument("--scale", type=float, default=0.125, help="scan size relative to full size (default 1/8)")
+    parser.add_argument("--depth", type=int, default=4, help="UNet depth (default 4)")
+    parser.add_argument("--epochs", type=int, default=12, help="training epochs (default 12, the quickstart's)")
+    parser.add_argument("--test-scans", type=int, default=24, help="scans in each dev and test set (default 24)")
     parser.add_argument(
         "--reuse",
         action="store_true",
@@ -351,9 +356,14 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sets, one epoch, one seed")
     parser.add_argument("--make-sets", type=Path, default=None, metavar="DIR", help="only render the dev/test sets")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_transfer.json")
-    args = parser.parse_args(argv)
-    setting = Setting(scale=0.0625, train_scans=10, test_scans=3, epochs=1) if args.quick else Setting()
+    return parser.parse_args(argv)  # fmt: skip
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    setting = Setting(scale=args.scale, test_scans=args.test_scans, epochs=args.epochs, depth=args.depth)
     if args.quick:
+        setting = Setting(scale=0.0625, train_scans=10, test_scans=3, epochs=1, depth=3)
         args.seeds = args.seeds[:1]
         args.work = args.work.parent / f"{args.work.name}_quick"
     try:
