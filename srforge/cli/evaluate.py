@@ -173,7 +173,7 @@ def _print_summary(document: dict, out: Path) -> None:
             f"{PROG}: {model['name']} {model['source']}: {found['scored']} scans scored, {found['failed']} "
             f"failed; {figures}"
         )
-    print(f"{PROG}: report: {out / 'report.html'}")
+    print(f"{PROG}: report: {(out / 'report.html').absolute()}")
 
 
 def main_evaluate(argv=None) -> int:

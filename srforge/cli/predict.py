@@ -158,7 +158,7 @@ def _print_summary(summary: dict, output: Path) -> None:
         f"{PROG}: {summary['scans']} scans: {summary['ok']} ok, {summary['skipped']} skipped, "
         f"{summary['failed']} failed, {summary['rejected']} rejected{stopped}"
         f"{' (stopped at the first failure: --strict)' if summary['stopped_early'] else ''}; "
-        f"{summary['scans_per_second'] or 0:.2f} scans/s; report: {output / 'report.json'}"
+        f"{summary['scans_per_second'] or 0:.2f} scans/s; report: {(output / 'report.json').absolute()}"
     )
 
 
@@ -196,7 +196,7 @@ def main_predict(argv=None) -> int:
         try:
             return _predict(args)
         except KeyboardInterrupt as exc:
-            return _stopped(exc, output / "report.json", _report_stamp(output) != before)
+            return _stopped(exc, (output / "report.json").absolute(), _report_stamp(output) != before)
         except DiskFullError as exc:
             if _report_stamp(output) != before:
                 return fail(PROG, exc, "the report holds what was done")

@@ -73,7 +73,7 @@ def train(
     ckpt = resume_checkpoint(resume, cfg.model, checkpoint)
     if ckpt is not None and isinstance(ckpt.get("config"), dict):
         check_changes(ckpt["config"], cfg, allow_changes, processes.main)
-    run_dir = Path(cfg.run.dir)
+    run_dir = Path(cfg.run.dir).absolute()  # every message names the folder wherever the job was started
     lock = None
     if processes.main:
         continues = resume is not None and checkpoint_file(resume).parent.resolve() == run_dir.resolve()
