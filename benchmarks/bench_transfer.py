@@ -24,7 +24,7 @@ training scans, the split and the initial weights; the dev and test sets are the
 
     python benchmarks/bench_transfer.py [--seeds 0 1] [--variants WORD ...] [--las-dir DIR] [--work DIR]
                                         [--scale 0.125] [--depth 4] [--epochs 12] [--test-scans 24]
-                                        [--reuse] [--quick] [--make-sets DIR] [--out FILE.json]
+                                        [--threads 1] [--reuse] [--quick] [--make-sets DIR] [--out FILE.json]
 
 ``--las-dir DIR``: a folder holding logging_levels.las and 6038187_v1.2.las; without it they are fetched with
 ``pip download lasio==0.31 --no-deps --no-binary :all:`` into the work folder. ``--make-sets DIR`` only renders
@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -71,6 +72,9 @@ TRAIN_FRACTION = 0.6
 SET_SEEDS = {"dev": 1001, "test_same_well": 1002, "test_other_well": 1003}
 SRFORGE_HELD_OUT_SEED = 1000
 QUICKSTART_PIXELS, QUICKSTART_SCALE = 30_000, 0.0625
+# One intra-op thread: on a 2-core machine shared with other jobs, torch's two threads spin against them (a UNet
+# step of a [1, 3, 40, 800] batch: 8.9k px/s with 2 threads, 166k px/s with 1, measured side by side under load).
+THREADS = 1
 TEST_SETS = ("dev", "test_same_well", "test_other_well", "srforge_held_out")
 
 
@@ -347,6 +351,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=4, help="UNet depth (default 4)")
     parser.add_argument("--epochs", type=int, default=12, help="training epochs (default 12, the quickstart's)")
     parser.add_argument("--test-scans", type=int, default=24, help="scans in each dev and test set (default 24)")
+    parser.add_argument("--threads", type=int, default=THREADS, help="torch's intra-op threads (default 1)")
     parser.add_argument(
         "--reuse",
         action="store_true",
@@ -361,6 +366,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse(argv)
+    torch.set_num_threads(args.threads)
     setting = Setting(scale=args.scale, test_scans=args.test_scans, epochs=args.epochs, depth=args.depth)
     if args.quick:
         setting = Setting(scale=0.0625, train_scans=10, test_scans=3, epochs=1, depth=3)
