@@ -163,6 +163,13 @@ class ValDatasetSection(Section, path="data.val_dataset"):
     args: dict = key({}, "the keyword arguments the validation Dataset class is built with")
 
 
+def las_paths(value: Any, path: str) -> None:
+    """null, a path or glob, or a list of them (non-empty strings)."""
+    items = [value] if isinstance(value, str) else value or []
+    if not all(isinstance(v, str) and v.strip() for v in items):
+        raise ConfigError(f"{path}: expected a LAS path or glob, or a list of them, found {value!r}.")
+
+
 class SyntheticSection(Section, path="data.synthetic"):
     root: str | None = key(None, "generate synthetic well-log scans into this folder when any is missing; null: none")
     n: int = key(48, "how many scans to generate")
@@ -179,6 +186,18 @@ class SyntheticSection(Section, path="data.synthetic"):
         choices=("binary", "multiclass"),
     )
     seed: int = key(0, "scan i depends only on (seed, i)")
+    las: list | str | None = key(
+        None,
+        "LAS files (paths or globs, read with lasio: the las extra) the scans' curves come from; null or []: "
+        "srforge's own log-like curves",
+        rule=las_paths,
+    )
+    randomise: bool = key(
+        False,
+        "draw paper, grid, tracks, inks, line widths, dashes, text and the scanner (blur, skew, illumination, "
+        "stains, folds, JPEG) from the wide ranges archives vary over (for models meant for real scans); false: "
+        "srforge's classic look (the quickstart's)",
+    )
 
 
 class DataSection(Section, path="data"):

@@ -230,6 +230,29 @@ def write_run_config(run_dir: Path, cfg: Config) -> None:
         atomic_write_text(run_dir / "config.yaml", dump(cfg))
 
 
+def _synthetic_arguments(synthetic: SyntheticSection) -> dict:
+    """The generator's keyword arguments (other than root and n) that ``data.synthetic`` sets."""
+    return {
+        "scale": synthetic["scale"],  # a number, or YAML's [lo, hi]: each scan draws its own scale from the range
+        "seed": synthetic["seed"],
+        "classes": synthetic["classes"],
+        "las": synthetic["las"] or None,
+        "randomise": synthetic["randomise"],
+    }
+
+
+def _generate(generator, root: Path, synthetic: SyntheticSection, stale: bool) -> None:
+    arguments = _synthetic_arguments(synthetic)
+    scale = arguments["scale"]
+    shown = f"{scale[0]:g}-{scale[1]:g}" if isinstance(scale, list) else scale
+    redo = "; the scans there were drawn with other settings and are redone" if stale else ""
+    print(f"srforge: generating {synthetic['n']} synthetic well-log scans into {root.resolve()} (scale {shown}){redo}")
+    try:
+        generator.make_welllog_scans(root, synthetic["n"], workers=None, only_missing=True, **arguments)
+    except generator.LasError as exc:
+        raise ConfigError(f"data.synthetic.las: {exc}") from None
+
+
 def prepare_synthetic_data(synthetic: SyntheticSection, processes: Processes, poll_s: float = 0.5) -> None:
     """Generate the synthetic scans ``data.synthetic`` asks for, when any is missing, before the group starts.
 
@@ -237,28 +260,28 @@ def prepare_synthetic_data(synthetic: SyntheticSection, processes: Processes, po
     every scan is there. No collective waits meanwhile, so generation may take longer than
     ``train.dist_timeout_s``. Files are written to temporary names and renamed, so a scan present is complete,
     and scan i depends only on (seed, i): a rerun after a kill completes the set, and machines sharing a
-    filesystem may both write a scan (the same bytes).
+    filesystem may both write a scan (the same bytes). The folder's settings file says what its scans were drawn
+    with (scale, seed, classes, LAS files by content, randomise, the generator's version): scans drawn with
+    other settings are removed and drawn again, never served. A bad ``data.synthetic.las`` is a ConfigError.
     """
     if synthetic["root"] is None:
         return
     from srforge.data import synthetic as generator  # looked up here, so that tests can slow it down
 
     root = Path(synthetic["root"])
-    if not generator.missing_scans(root, synthetic["n"]):
+    arguments = _synthetic_arguments(synthetic)
+    try:
+        wanted = generator.scan_settings(**arguments)
+    except generator.LasError as exc:
+        raise ConfigError(f"data.synthetic.las: {exc}") from None
+
+    def ready() -> bool:
+        return generator.folder_settings(root) == wanted and not generator.missing_scans(root, synthetic["n"])
+
+    if ready():
         return
     if processes.local_rank == 0:
-        scale = synthetic["scale"]  # a number, or YAML's [lo, hi]: each scan draws its own scale from the range
-        shown = f"{scale[0]:g}-{scale[1]:g}" if isinstance(scale, list) else scale
-        print(f"srforge: generating {synthetic['n']} synthetic well-log scans into {root.resolve()} (scale {shown})")
-        generator.make_welllog_scans(
-            root,
-            synthetic["n"],
-            scale=scale,
-            seed=synthetic["seed"],
-            classes=synthetic["classes"],
-            workers=None,
-            only_missing=True,
-        )
+        _generate(generator, root, synthetic, generator.is_stale(root, wanted))
         return
-    while generator.missing_scans(root, synthetic["n"]):
+    while not ready():
         time.sleep(poll_s)
