@@ -18,6 +18,14 @@ pipeline >= 5x serial with the base-32 UNet. Exits non-zero when a run fails or 
 
     python benchmarks/bench_predict.py                  # CPU: 16 scans (4 for the UNet), several minutes
     python benchmarks/bench_predict.py --device cuda    # a GPU: 24 scans, both models, base-32 UNet
+
+``--tiny N`` measures the per-scan overhead instead: N random tiny scans (4-20 x 4-40 px) in a stored .zip and a
+random base-4 depth-3 UNet checkpoint, predicted by the real CLI (scripts/predict.py, default workers), against the
+bare forward over the same decoded scans: one scan a call, and in the batches the Predictor plans. ``--old PATH``
+(a checkout of another revision, e.g. ``git worktree add /tmp/old HEAD~1``) runs the same next to this checkout,
+alternating, so both see the same machine state:
+
+    python benchmarks/bench_predict.py --tiny 3000 --old /tmp/old --repeats 2
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+# Run from a checkout without installing; a --tiny child of another checkout (--old) imports that one instead.
+sys.path.insert(0, os.environ.get("BENCH_PREDICT_TREE") or str(Path(__file__).resolve().parents[1]))
 
 from srforge.data.archive import ScanArchive  # noqa: E402
 from srforge.data.images import read_image  # noqa: E402
@@ -202,6 +211,102 @@ def make_archives(work: Path, counts: list[int], scale: float) -> dict[int, Path
     return archives
 
 
+# -- --tiny: the per-scan overhead ----------------------------------------------------------------------------
+TINY_SIZES = ((4, 20), (4, 40))  # (lo, hi) of height and width, inclusive, as in the issue's archive
+
+
+def make_tiny(work: Path, n: int) -> tuple[Path, Path]:
+    """(a stored .zip of ``n`` random RGB PNG scans of TINY_SIZES, a random base-4 depth-3 UNet checkpoint)."""
+    import numpy as np
+    from PIL import Image
+
+    from srforge.runtime.checkpoint import save_checkpoint
+
+    rng = np.random.default_rng(0)
+    archive = work / "tiny.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for i in range(n):
+            (hl, hh), (wl, wh) = TINY_SIZES
+            pixels = rng.integers(0, 256, (int(rng.integers(hl, hh + 1)), int(rng.integers(wl, wh + 1)), 3))
+            buffer = io.BytesIO()
+            Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="PNG")
+            zf.writestr(f"scan_{i:05d}.png", buffer.getvalue())
+    torch.manual_seed(0)
+    args = {"in_channels": 3, "num_classes": 3, "base_channels": 4, "depth": 3}
+    model = UNet(**args)
+    payload = {"model": model.state_dict(), "model_args": args, "size_divisor": model.size_divisor}
+    checkpoint = work / "tiny.pt"
+    save_checkpoint({**payload, "class_names": ["a", "b", "c"], "ignore_index": 255, "config": {}}, checkpoint)
+    return archive, checkpoint
+
+
+def tiny_forward(spec: dict) -> dict:
+    """ms a scan of the bare model over the archive's scans, decoded beforehand: one scan a call, and in the
+    batches this tree's Predictor plans (no reading, no writing, no report)."""
+    predictor = Predictor.from_checkpoint(spec["checkpoint"], device="cpu")
+    with ScanArchive(spec["archive"]) as archive:
+        images = [archive.read(i, predictor.image_mode) for i in range(len(archive))]
+    plan = predictor.plan([tuple(image.shape[-2:]) for image in images])
+    out = {"scans": len(images), "batches": len(plan)}
+    with torch.inference_mode():
+        predictor.predict(images[:1])  # warm-up
+        for key, batches in (("alone_ms", [[i] for i in range(len(images))]), ("planned_ms", plan)):
+            predictor.timings = []
+            for batch in batches:
+                predictor.infer([images[i] for i in batch])
+            out[key] = 1000 * predictor.busy_seconds() / len(images)
+    return out
+
+
+def tiny_pipeline(tree: Path, archive: Path, checkpoint: Path, out: Path) -> dict:
+    """The real CLI of checkout ``tree`` over the archive -> its report's seconds and scans/s, and the wall time."""
+    command = [sys.executable, str(tree / "scripts" / "predict.py"), "--checkpoint", str(checkpoint)]
+    start = time.perf_counter()
+    done = subprocess.run([*command, "--input", str(archive), "--output", str(out), "--no-progress"], text=True,
+                          capture_output=True)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"bench_predict: {tree}: predict.py failed:\n{done.stderr[-3000:]}")
+    summary = json.loads((out / "report.json").read_text())["summary"]
+    return {"seconds": summary["seconds"], "scans_per_second": summary["scans_per_second"],
+            "wall": time.perf_counter() - start, "ok": summary["ok"]}  # fmt: skip
+
+
+def tiny_main(n: int, trees: dict[str, Path], repeats: int, out_json: str) -> int:
+    """--tiny: the pipeline against the bare forward, for each checkout in ``trees``, alternating."""
+    runs: dict[str, list[dict]] = {label: [] for label in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        archive, checkpoint = make_tiny(work, n)
+        for repeat, (label, tree) in itertools.product(range(repeats), trees.items()):
+            row = tiny_pipeline(tree, archive, checkpoint, work / f"out_{label}_{repeat}")
+            spec = json.dumps({"checkpoint": str(checkpoint), "archive": str(archive)})
+            env = {**os.environ, "BENCH_PREDICT_TREE": str(tree)}
+            done = subprocess.run([sys.executable, __file__, "--tiny-child", spec], capture_output=True, text=True,
+                                  env=env)  # fmt: skip
+            if done.returncode != 0:
+                raise SystemExit(f"bench_predict: {tree}: bare forward failed:\n{done.stderr[-3000:]}")
+            row |= json.loads(done.stdout.strip().splitlines()[-1])
+            if row["ok"] != n:
+                raise SystemExit(f"bench_predict: {tree}: {row['ok']} of {n} scans predicted")
+            runs[label].append(row)
+            print(f"  {label:<6} run {repeat + 1}: {row['scans_per_second']:8.1f} scans/s", flush=True)
+    print(f"\n{n} tiny scans (4-20 x 4-40 px), random UNet base 4 depth 3, CPU, {torch.get_num_threads()} threads, "
+          f"predict.py default workers ({default_workers()}); medians of {repeats}")  # fmt: skip
+    header = f"{'tree':<7}{'scans/s':>9}{'ms/scan':>9}{'forward alone':>15}{'in batches':>12}{'batches':>9}"
+    print(header + f"{'pipeline / forward alone':>26}")
+    for label, rows in runs.items():
+        med = {key: statistics.median(r[key] for r in rows) for key in rows[0] if key not in ("ok", "scans")}
+        ms = 1000 * med["seconds"] / n
+        print(
+            f"{label:<7}{med['scans_per_second']:>9.1f}{ms:>9.2f}{med['alone_ms']:>12.2f} ms"
+            f"{med['planned_ms']:>9.2f} ms{med['batches']:>9.0f}{ms / med['alone_ms']:>25.2f}x"
+        )
+    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_json).write_text(json.dumps({"n": n, "trees": {k: str(v) for k, v in trees.items()}, "runs": runs}))
+    print(f"wrote {out_json}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
@@ -215,12 +320,22 @@ def main() -> int:
     parser.add_argument(
         "--tile-check", type=int, default=0, help="also: pixels where tiled and whole-scan UNet masks differ, N scans"
     )
+    parser.add_argument("--tiny", type=int, default=0, help="N tiny scans: the per-scan overhead (see above)")
+    parser.add_argument("--old", type=Path, default=None, help="with --tiny: another checkout, run alongside")
     parser.add_argument("--out", default="benchmarks/results/bench_predict.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--tiny-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
+    if args.tiny_child:
+        print(json.dumps(tiny_forward(json.loads(args.tiny_child))))
+        return 0
+    if args.tiny:
+        trees = {"new": Path(__file__).resolve().parents[1]} | ({"old": args.old.resolve()} if args.old else {})
+        out = args.out if args.out != parser.get_default("out") else "benchmarks/results/bench_predict_tiny.json"
+        return tiny_main(args.tiny, trees, args.repeats, out)
 
     try:
         device = str(resolve_device(args.device))  # auto, or a CUDA device with its index; a ValueError names those

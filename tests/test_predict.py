@@ -150,7 +150,7 @@ def test_script_on_folder_zip_and_tar_equals_predict_scan_by_scan(tmp_path, ckpt
 
 def test_batched_prediction_never_sees_the_padding(predictor):
     images = [torch.from_numpy(strip(i)).permute(2, 0, 1) for i in range(10)]
-    assert predictor.max_batch == 1 and max(map(len, predictor.plan([tuple(im.shape[1:]) for im in images]))) == 1
+    assert max(map(len, predictor.plan([tuple(im.shape[1:]) for im in images]))) > 1  # auto on CPU: small scans batch
     predictor = Predictor(predictor.model, device="cpu", max_batch=None)
     batches = predictor.plan([tuple(im.shape[1:]) for im in images])
     assert max(map(len, batches)) > 1  # they really are batched together

@@ -24,7 +24,7 @@ from predict_fixtures import (  # noqa: F401  (one_thread: a fixture)
 from srforge.cli import main_predict
 from srforge.data.archive import ScanArchive
 from srforge.predict.pipeline import predict_archive
-from srforge.predict.predictor import Predictor, batch_cap
+from srforge.predict.predictor import CPU_BATCH_PIXELS, Predictor, batch_cap, batch_pixels
 from srforge.predict.sharding import split_by_pixels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,7 +152,9 @@ def test_out_of_memory_in_an_archive_run_fails_no_scan(tmp_path, ckpt):
 
 def test_max_batch_has_one_meaning_per_value():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert batch_cap("auto", cpu) == 1 and batch_cap("auto", cuda) is None
+    assert batch_cap("auto", cpu) is None and batch_cap("auto", cuda) is None
+    assert batch_pixels("auto", cpu, 2**22) == CPU_BATCH_PIXELS and batch_pixels("auto", cpu, 100) == 100
+    assert batch_pixels("auto", cuda, 2**30) == 2**30 and batch_pixels(1, cpu, 2**22) == 2**22
     assert batch_cap(None, cpu) is None and batch_cap(0, cpu) is None and batch_cap(5, cuda) == 5
     for bad in (-1, 1.5, "3", True):
         with pytest.raises(ValueError, match="max_batch must be 'auto', None, 0"):

@@ -41,6 +41,11 @@ from srforge.predict.predictor import Prediction, Predictor
 from srforge.predict.report import Report
 from srforge.runtime.distributed import environment
 
+# Decoded pixels handed to a decoding process in one task: each task costs a round trip through the pool (a pickle
+# each way, a wake-up of the process and of the pool's thread), about as much as decoding a tiny scan, so tiny scans
+# go in runs; a scan this big or bigger is a task alone, as a full-size scan always is.
+DECODE_CHUNK_PIXELS = 2**16
+
 
 def default_workers() -> int:
     """Background decoding processes by default: this process's share of the CPUs (under torchrun the machine's
@@ -58,9 +63,32 @@ def writer_threads(workers: int) -> int:
     return 0 if workers == 0 else max(2, workers // 2)
 
 
-def _decode(data: bytes, mode: str, label: str) -> torch.Tensor:
-    """A worker's job: one member's bytes -> uint8 [C, H, W] (read_image, as in-process reading does)."""
-    return read_image(io.BytesIO(data), mode, label=label)
+def _decode(items: list[tuple[bytes, str]], mode: str) -> list[Any]:
+    """A worker's job: members' (bytes, label) -> for each, its uint8 [H, W, C] pixels (a numpy array: pickled into
+    the result pipe, where a tensor would go through a shared-memory file of its own) or the exception decoding it
+    raised (read_image, as in-process reading does)."""
+    out: list[Any] = []
+    for data, label in items:
+        try:
+            out.append(read_image(io.BytesIO(data), mode, label=label).permute(1, 2, 0).numpy())
+        except Exception as error:  # one member's error is that scan's alone
+            out.append(error)
+    return out
+
+
+def decode_chunks(indices: list[int], sizes: dict[int, tuple[int, int]]) -> list[list[int]]:
+    """``indices`` cut into runs handed to one decoding process at once: scans in order while their pixels (from
+    ``sizes``, (H, W) by index) add up to at most DECODE_CHUNK_PIXELS; a bigger scan alone."""
+    chunks: list[list[int]] = []
+    pixels = DECODE_CHUNK_PIXELS + 1
+    for i in indices:
+        h, w = sizes.get(i, (DECODE_CHUNK_PIXELS, 1))
+        if pixels + h * w > DECODE_CHUNK_PIXELS:
+            chunks.append([])
+            pixels = 0
+        chunks[-1].append(i)
+        pixels += h * w
+    return chunks
 
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when the thread that forked it ends
@@ -135,9 +163,12 @@ class Reader(threading.Thread):
     """The read stage with ``workers`` processes: this thread reads member bytes in plan order, the processes
     decode them, and decoded batches (collated) wait in a queue of two for the device."""
 
-    def __init__(self, archive: ScanArchive, pools: list[list[list[int]]], predictor: Predictor, workers: int):
+    def __init__(
+        self, archive: ScanArchive, pools: list[list[list[int]]], predictor: Predictor, workers: int, sizes: dict
+    ):
         super().__init__(name="srforge-reader", daemon=True)
         self.archive, self.pools, self.predictor, self.workers = archive, pools, predictor, workers
+        self.sizes = sizes  # (H, W) by archive index, from the headers: how scans are cut into tasks
         self.ready: queue.Queue = queue.Queue(maxsize=2)
         self.stop = threading.Event()
         self.pool = self._new_pool()
@@ -161,34 +192,47 @@ class Reader(threading.Thread):
                 continue
         return False
 
-    def _submit(self, indices: list[int], data: dict[int, Any] | None) -> tuple[DecodedBatch, dict[int, tuple]]:
-        batch, futures = DecodedBatch(indices), {}
-        mode = self.predictor.image_mode
+    def _submit(self, indices: list[int], data: dict[int, Any] | None) -> tuple[DecodedBatch, list[tuple]]:
+        """Hand a batch's members to the decoders, a run of scans a task (:func:`decode_chunks`) -> (the batch,
+        [(future, {index: bytes})] one a task)."""
+        batch, tasks = DecodedBatch(indices), []
         data = self.archive.read_bytes(indices) if data is None else data
+        readable = []
         for i in indices:
             raw = data.pop(i)
             if isinstance(raw, BaseException):
                 batch.errors[i] = raw
-                continue
+            else:
+                readable.append(i)
+                data[i] = raw
+        for chunk in decode_chunks(readable, self.sizes):
+            raws = {i: data.pop(i) for i in chunk}
+            items = [(raws[i], self.archive.label(i)) for i in chunk]
             try:
-                futures[i] = (self.pool.submit(_decode, raw, mode, self.archive.label(i)), raw)
+                future = self.pool.submit(_decode, items, self.predictor.image_mode)
             except BrokenProcessPool:  # a decoder died (e.g. killed for memory): start new ones
                 self.pool.shutdown(wait=False, cancel_futures=True)
                 self.pool = self._new_pool()
-                futures[i] = (self.pool.submit(_decode, raw, mode, self.archive.label(i)), raw)
-        return batch, futures
+                future = self.pool.submit(_decode, items, self.predictor.image_mode)
+            tasks.append((future, raws))
+        return batch, tasks
 
-    def _finish(self, batch: DecodedBatch, futures: dict[int, tuple[Future, bytes]]) -> bool:
-        for i, (future, raw) in futures.items():
+    def _finish(self, batch: DecodedBatch, tasks: list[tuple[Future, dict[int, bytes]]]) -> bool:
+        for future, raws in tasks:
             try:
-                batch.images[i] = future.result()
-            except ValueError:  # DataError: ScanArchive.read says it as in-process reading does (a cut member)
-                try:
-                    batch.images[i] = self.archive.read(i, self.predictor.image_mode, raw)
-                except Exception as error:
-                    batch.errors[i] = error
-            except Exception as error:  # e.g. BrokenProcessPool: the decoder died on this scan
-                batch.errors[i] = error
+                decoded = future.result()
+            except Exception as error:  # e.g. BrokenProcessPool: the decoder died on this task's scans
+                decoded = [error] * len(raws)
+            for (i, raw), pixels in zip(raws.items(), decoded):
+                if isinstance(pixels, ValueError):  # DataError: ScanArchive.read says it as in-process reading does
+                    try:
+                        batch.images[i] = self.archive.read(i, self.predictor.image_mode, raw)
+                    except Exception as error:
+                        batch.errors[i] = error
+                elif isinstance(pixels, BaseException):
+                    batch.errors[i] = pixels
+                else:
+                    batch.images[i] = torch.from_numpy(pixels).permute(2, 0, 1)  # [C, H, W], channels-last strides
         try:
             _collate(self.predictor, batch)
         except Exception:  # collating decoded scans should not fail; if it does, infer collates again and reports it
@@ -204,7 +248,7 @@ class Reader(threading.Thread):
                     if self.stop.is_set():
                         return
                     pending.append(self._submit(indices, data if self.archive.sequential else None))
-                    while len(pending) > 2 and sum(len(f) for _, f in pending) > 2 * self.workers:
+                    while len(pending) > 2 and sum(len(b.indices) for b, _ in pending) > 2 * self.workers:
                         if not self._finish(*pending.popleft()):
                             return
             while pending:

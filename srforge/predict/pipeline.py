@@ -175,7 +175,7 @@ def read_infer_write(job: Job, todo: Todo, report: Report, ending: Ending) -> No
     writers are written; any other error propagates once the stages are shut down."""
     pools = plan_pools(job.archive, todo, job.predictor)
     reading = job.workers > 0 and todo and not ending.stopped
-    reader = Reader(job.archive, pools, job.predictor, job.workers) if reading else None
+    reader = Reader(job.archive, pools, job.predictor, job.workers, dict(todo)) if reading else None
     threads = writer_threads(job.workers)
     largest = max((len(batch) for pool in pools for batch in pool), default=1)
     writer = Writer(job.out_dir, job.archive, job.predictor, report, threads, 2 * threads + largest)

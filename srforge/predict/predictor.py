@@ -40,23 +40,43 @@ from srforge.runtime.memory import cuda_pixel_budget, is_out_of_memory, processe
 
 # Padded pixels per batch on the CPU: srforge.constants.CPU_PIXELS (a full-scale 640 x 6,400 scan fits; wider ones
 # are tiled). On CUDA the default comes from the device: half its free memory over the model's bytes per pixel.
-# ``max_batch`` values: "auto" -> this cap by device type (missing: no cap); None or 0 -> no cap; n >= 1 -> n.
-# On CPU batches of several scans measured slower per scan than one at a time (README, Performance).
-AUTO_MAX_BATCH = {"cpu": 1}
+# ``max_batch`` values: "auto" -> no cap on scans, and on CPU batches of at most CPU_BATCH_PIXELS; None or 0 -> no
+# cap; n >= 1 -> n scans at most.
+#
+# On CPU a forward costs a fixed few ms (Python, one oneDNN call per layer) whatever its size, so tiny scans are worth
+# batching: a base-4 depth-3 UNet took 8.2 ms a 16 x 40 scan alone, 2.1 ms in batches of 8 and 1.0 ms in batches of
+# 32 (one thread, benchmarks/bench_predict.py --tiny). Batches of bigger scans measured slower per scan than one at a
+# time (128 x 512: 34 ms alone, 47 ms in pairs; 0.56x at 1/8 of full scale): past CPU_BATCH_PIXELS a scan goes alone.
+CPU_BATCH_PIXELS = 2**16
+# A CPU batch of at most this many padded pixels runs on one intra-op thread: each oneDNN convolution opens a parallel
+# region, whose threads must all be scheduled before the convolution ends; for a few thousand pixels the work is
+# microseconds, while on a busy machine the wait for a descheduled thread is a scheduler slice: a 16 x 40 scan took
+# 95 ms on two threads against 6 ms on one (2 cores, load 4-7).
+ONE_THREAD_PIXELS = CPU_BATCH_PIXELS
+AUTO_BATCH_PIXELS = {"cpu": CPU_BATCH_PIXELS}
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
 def batch_cap(max_batch: int | str | None, device: torch.device) -> int | None:
-    """The one reading of ``max_batch``: scans per batch at most, or None for no cap.
+    """The one reading of ``max_batch`` as scans per batch at most, or None for no cap.
 
-    "auto" -> AUTO_MAX_BATCH for the device type (1 on CPU, no cap on CUDA); None or 0 -> no cap; n >= 1 -> n.
+    "auto" -> no cap (on CPU :func:`batch_pixels` bounds the batch instead); None or 0 -> no cap; n >= 1 -> n.
     Anything else is a ValueError naming the value.
     """
     if max_batch == "auto":
-        return AUTO_MAX_BATCH.get(device.type)
+        return None
     if max_batch is None or (isinstance(max_batch, int) and not isinstance(max_batch, bool) and max_batch >= 0):
         return max_batch or None
     raise ValueError(f"max_batch must be 'auto', None, 0 (no cap) or an int >= 1, got {max_batch!r}")
+
+
+def batch_pixels(max_batch: int | str | None, device: torch.device, max_pixels: int) -> int:
+    """Padded pixels a planned batch may hold: ``max_pixels``, or with ``max_batch="auto"`` at most
+    AUTO_BATCH_PIXELS for the device type (CPU: CPU_BATCH_PIXELS, so only small scans share a batch). A scan over
+    it but within ``max_pixels`` is a batch alone, not tiled."""
+    if max_batch == "auto":
+        return min(max_pixels, AUTO_BATCH_PIXELS.get(device.type, max_pixels))
+    return max_pixels
 
 
 def fingerprint(model: torch.nn.Module, class_names: Sequence[str], image_mode: str, tta: str | None = None) -> str:
@@ -103,7 +123,8 @@ class Predictor:
     size-grouped batches of at most ``max_pixels`` padded pixels (default: CPU_PIXELS on CPU; on CUDA
     measured from the device and the model, see :func:`srforge.runtime.memory.cuda_pixel_budget`).
     A scan whose aligned size alone exceeds the budget is tiled, tiles overlapping by ``overlap`` px
-    (default 4 * size_divisor). ``max_batch`` caps scans per batch (:func:`batch_cap`). ``precision``: fp32,
+    (default 4 * size_divisor). ``max_batch`` caps scans per batch (:func:`batch_cap`; "auto" on CPU:
+    batches of at most CPU_BATCH_PIXELS, :func:`batch_pixels`). ``precision``: fp32,
     bf16 or fp16 (autocast). ``image_mode`` is the PIL mode scans are decoded to (default from the model's
     input channels: L, RGB or RGBA). A model whose forward takes the image alone is wrapped to take ``sizes``
     (srforge.models.contract.with_sizes). ``tta``: None or "none", or "flip" (srforge.predict.tta: the softmax
@@ -154,6 +175,7 @@ class Predictor:
                 else CPU_PIXELS
             )
         self.max_pixels = int(max_pixels)
+        self.batch_pixels = batch_pixels(max_batch, self.device, self.max_pixels)
         if self.max_pixels < 4 * self.divisor**2:
             raise ValueError(
                 f"max_pixels={self.max_pixels} is below one {2 * self.divisor}x{2 * self.divisor} tile "
@@ -201,10 +223,11 @@ class Predictor:
         return height * width
 
     def plan(self, sizes: Sequence[tuple[int, int]]) -> list[list[int]]:
-        """Indices into ``sizes`` grouped into batches under the pixel budget (an oversized scan alone)."""
+        """Indices into ``sizes`` grouped into batches of at most ``batch_pixels`` padded pixels and ``max_batch``
+        scans (a scan over ``batch_pixels`` alone)."""
         if not sizes:
             return []
-        batches = SizeGroupedBatchSampler(sizes, max_pixels=self.max_pixels, divisor=self.divisor, shuffle=False)
+        batches = SizeGroupedBatchSampler(sizes, max_pixels=self.batch_pixels, divisor=self.divisor, shuffle=False)
         step = self.max_batch or len(sizes)
         return [batch[j : j + step] for batch in batches for j in range(0, len(batch), step)]
 
@@ -222,7 +245,7 @@ class Predictor:
         cuda = self.device.type == "cuda"
         image = batch["image"].to(self.device, non_blocking=True)
         sizes = batch["sizes"]
-        with self.timed():
+        with self.timed(), self._threads(image):
             scores = self._scores(image, sizes.to(self.device, non_blocking=True))
             masks = class_map(scores, dim=1, dtype=torch.uint8)  # uint8: an eighth of int64's bytes to write
             probs = None
@@ -248,6 +271,24 @@ class Predictor:
             if self.tta is None:
                 return self.model(image, sizes.clone())
             return flip_probabilities(lambda view: self.model(view, sizes.clone()), image, sizes)
+
+    @contextlib.contextmanager
+    def _threads(self, image: torch.Tensor):
+        """On CPU, run a batch ``image`` [B, C, Hp, Wp] of at most ONE_THREAD_PIXELS padded pixels on one intra-op
+        thread (torch's setting is restored after); anything else as set."""
+        threads = torch.get_num_threads()
+        if (
+            self.device.type != "cpu"
+            or threads == 1
+            or image.shape[0] * image.shape[-2] * image.shape[-1] > ONE_THREAD_PIXELS
+        ):
+            yield
+            return
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.device.type != "cuda":
