@@ -50,7 +50,7 @@ from PIL import Image, ImageFilter
 FULL_WIDTH = (3200, 12800)
 FULL_HEIGHT = (480, 640)
 MASK_COVERAGE = 0.5  # a curve pixel: coverage >= this in the curve layer (the stroke's centre half-pixel rule)
-MAX_WRAPS = 0.02  # wraps per sample beyond which a trace is pegged (it would fill its track with jumps)
+MAX_WRAPS = 1 / 40  # wraps per pixel of depth beyond which a trace is pegged (it would fill its track with jumps)
 DPI = 72  # 1 point = 1 pixel, so line widths and font sizes are given in pixels
 FONTS = ("DejaVu Sans", "DejaVu Serif", "DejaVu Sans Mono")
 ANGLES = ("deg", "degree", "degrees", "dega")
@@ -279,8 +279,9 @@ def draw_degradation(rng: np.random.Generator, scale: float) -> dict:
         "stains": int(rng.choice([0, 0, 1, 2, 3])),
         "fold_period": rng.uniform(2800, 4000) * scale if rng.random() < 0.4 else None,
         "light": rng.uniform(0, 0.25),
-        "blur": rng.uniform(0, 1.0) * max(1.0, scale / 0.125) if rng.random() < 0.8 else 0.0,
-        "noise": rng.uniform(0, 0.04),
+        # sigma 2-5 px at full size (a scanner's optics and a downsampling filter): 0.25-0.6 px at 1/8
+        "blur": rng.uniform(2, 5) * scale if rng.random() < 0.8 else 0.0,
+        "noise": rng.uniform(0, 0.03),
         "grey": bool(rng.random() < 0.3),
         "jpeg": int(rng.integers(30, 96)) if rng.random() < 0.7 else None,
     }
@@ -534,8 +535,8 @@ def draw_header(sheet: Sheet, plan: dict, well: Well) -> None:
 
 def curve_traces(plan: dict, well: Well) -> list[tuple[np.ndarray, np.ndarray, dict, object]]:
     """(x, y, trace, dashes) of every polyline the curve layer draws: main traces, backup traces, amplified
-    traces; lifts (NaN) at gaps and wraps. A trace that would wrap at more than MAX_WRAPS of its samples is
-    pegged instead."""
+    traces; lifts (NaN) at gaps and wraps. A trace that would wrap more often than MAX_WRAPS a pixel is pegged
+    instead."""
     window = plan["window"]
     span = slice(window["start"], window["start"] + window["count"])
     flip = plan["style"]["flip_value"]
@@ -551,7 +552,7 @@ def curve_traces(plan: dict, well: Well) -> list[tuple[np.ndarray, np.ndarray, d
             for version, beyond, dashes in versions:
                 u = normalised(values, version)
                 main, backup, breaks = wrapped(u, beyond)
-                if len(breaks) > MAX_WRAPS * len(u):  # a scale edge inside the noise: the operator pegs instead
+                if len(breaks) > MAX_WRAPS * len(u) * window["pps"]:  # a scale edge in the noise: pegged instead
                     main, backup, breaks = wrapped(u, "peg")
                 mx, my = np.insert(x, breaks, np.nan), np.insert(value_y(band, main, flip), breaks, np.nan)
                 lines.append((mx, my, trace, dashes))
