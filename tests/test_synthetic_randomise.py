@@ -42,6 +42,8 @@ def test_every_property_varies_across_scans():
     assert any(s.header == 0 for s in styles) and any(s.header > 0 for s in styles)
     assert any(any(s.logarithmic) for s in styles) and any(s.grid_dotted for s in styles)
     assert len({s.font_px for s in styles}) > 5 and len({round(s.paper[0]) for s in styles}) > 20
+    assert any(s.panel for s in styles) and any(not s.panel for s in styles)
+    assert any(s.curve_labels for s in styles) and any(not s.curve_labels for s in styles)
     scanners = [s.scanner for s in styles]
     for field in ("skew", "blur", "illumination", "noise", "gamma"):
         assert len({getattr(sc, field) for sc in scanners}) > 40, field

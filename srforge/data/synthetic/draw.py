@@ -60,6 +60,7 @@ def grid(rng, image: np.ndarray, style: ScanStyle) -> np.ndarray:
     w = image.shape[1]
     ink = np.asarray(style.grid_ink, np.float32)
     columns = np.arange(int(rng.integers(style.grid_step)), w, style.grid_step)
+    columns = columns[columns >= style.panel]
     heavy = columns[:: style.heavy_every] if style.heavy_every else columns[:0]
     rows = np.arange(image.shape[0])
     if style.grid_dotted:
@@ -83,6 +84,11 @@ def _scale_rows(top: int, bottom: int, divisions: int, decades: int, flip: bool)
     return (top + (1 - at if flip else at) * (bottom - top)).round().astype(int)
 
 
+def _border_rows(top: int, bottom: int, width: int, height: int) -> list[int]:
+    """Rows of a track's borders ``width`` px thick, growing outward (the curves keep the rows between)."""
+    return [r for k in range(width) for r in (top - k, bottom + k) if 0 <= r < height]
+
+
 def tracks(image: np.ndarray, style: ScanStyle, decades: tuple[int, ...], flips: tuple[bool, ...]) -> None:
     """Track borders, the frame and each track's scale lines (logarithmic tracks: their decades)."""
     ink = np.asarray(style.grid_ink, np.float32)
@@ -90,10 +96,16 @@ def tracks(image: np.ndarray, style: ScanStyle, decades: tuple[int, ...], flips:
     for (top, bottom), divisions, dec, flip in zip(style.tracks, style.scale_lines, decades, flips):
         rows = _scale_rows(top, bottom, divisions, dec, flip)
         rows = rows[(rows > top) & (rows < bottom)]
-        _blend(image, (rows, slice(None)), ink, strength)
-        image[[top, bottom], :] = ink * 0.6 if not style.randomised else ink * 0.75
+        columns = np.arange(style.panel, image.shape[1])
+        if style.scale_dotted:
+            columns = columns[columns % 3 != 2]
+        _blend(image, np.ix_(rows, columns), ink, strength)
+        edges = [top, bottom] if style.border_width == 1 else _border_rows(top, bottom, style.border_width, image.shape[0])
+        image[edges, style.panel :] = ink * 0.6 if not style.randomised else ink * 0.75
     frame = ink * 0.6
     image[0, :], image[:, 0], image[:, -1] = frame, frame, frame
+    if style.panel:  # the heading panel's box
+        image[-1, : style.panel], image[:, style.panel - 1] = frame, frame
 
 
 def style_columns(look: CurveLook, width: int) -> np.ndarray:
@@ -135,6 +147,24 @@ def curve_coverage(curve: PlottedCurve, look: CurveLook, rows: int, width: int) 
     for points in _runs(curve, rows):
         draw.line(points, fill=255, width=line_width)
     return np.asarray(canvas) > 0
+
+
+def shading(image: np.ndarray, style: ScanStyle, plotted, looks) -> None:
+    """The shadings of curves whose look has one, under every curve: between the curve (its first wrap) and one
+    edge of its track, into image [H, W, 3]."""
+    columns = np.arange(image.shape[1])
+    for curve, look in zip(plotted, looks):
+        top, bottom = style.tracks[curve.track]
+        if not look.fill or bottom - top < 3:
+            continue
+        ok = np.isfinite(curve.position)
+        if ok.sum() < 2:
+            continue
+        y = np.interp(columns, curve.x[ok], curve.position[ok], left=np.nan, right=np.nan) * (bottom - top - 2)
+        rows = np.arange(bottom - top - 1)[:, None]
+        inside = (rows <= y[None, :]) if look.fill_low else (rows >= y[None, :])
+        region = image[top + 1 : bottom]
+        region[inside] = region[inside] * (1 - look.fill) + np.asarray(look.fill_ink, np.float32) * look.fill
 
 
 def curves(rng, image, mask, style: ScanStyle, plotted, looks, classes: str) -> None:

@@ -15,7 +15,7 @@ from PIL import Image
 
 from srforge.data.synthetic.curves import formation, log_curve, track_positions, track_scale
 from srforge.data.synthetic.degrade import scan
-from srforge.data.synthetic.draw import TRACK_NAMES, PlottedCurve, curves, grid, paper, tracks
+from srforge.data.synthetic.draw import TRACK_NAMES, PlottedCurve, curves, grid, paper, shading, tracks
 from srforge.data.synthetic.las import is_logarithmic, las_window, load_wells
 from srforge.data.synthetic.scale import Scale, scan_scale
 from srforge.data.synthetic.style import (
@@ -76,7 +76,7 @@ def _track_values(rng, style: ScanStyle, samples: int, las) -> list[tuple[int, s
 def plot_curves(rng, style: ScanStyle, las, looks) -> tuple[list[PlottedCurve], tuple[int, ...], tuple[bool, ...]]:
     """Every curve placed on its track (wrapping or pinned at the edges as its look says), the decades of each
     logarithmic track (0: linear) and whether each track's scale runs upward (flip)."""
-    samples = max(4, math.ceil(style.width / style.scale * style.samples_per_px))
+    samples = max(4, math.ceil((style.width - style.panel) / style.scale * style.samples_per_px))
     values = _track_values(rng, style, samples, las)
     flips = tuple(bool(rng.random() < 0.5) for _ in style.tracks)
     decades = [0] * len(style.tracks)
@@ -84,19 +84,19 @@ def plot_curves(rng, style: ScanStyle, las, looks) -> tuple[list[PlottedCurve], 
     for (track, name, v, log), look in zip(values, looks):
         lo, hi = track_scale(rng, v, log)
         position, turns = track_positions(v, lo, hi, log, wrap=look.wrap)
-        x = (np.arange(len(v)) + 0.5) * (style.width / len(v))
+        x = style.panel + (np.arange(len(v)) + 0.5) * ((style.width - style.panel) / len(v))
         plotted.append(PlottedCurve(track, x, 1 - position if flips[track] else position, turns, name, lo, hi))
         if log and not decades[track]:
             decades[track] = round(hi - lo)
     return plotted, tuple(decades), flips
 
 
-def _names(plotted: list[PlottedCurve], decades: tuple[int, ...]) -> dict[int, list]:
-    """track -> [(name, left value, right value)] for the header (decades as values on logarithmic tracks)."""
+def _names(plotted: list[PlottedCurve], decades: tuple[int, ...], looks) -> dict[int, list]:
+    """track -> [(name, left value, right value, ink)] for the text (decades as values on logarithmic tracks)."""
     names: dict[int, list] = {}
-    for c in plotted:
+    for c, look in zip(plotted, looks):
         lo, hi = (10**c.lo, 10**c.hi) if decades[c.track] else (c.lo, c.hi)
-        names.setdefault(c.track, []).append((c.name, lo, hi))
+        names.setdefault(c.track, []).append((c.name, lo, hi, look.ink))
     return names
 
 
@@ -115,12 +115,13 @@ def scan_layers(index: int, seed: int = 0, scale: Scale = 1.0, classes: str = "b
     image = paper(layer_rng, style)
     heavy = grid(layer_rng, image, style)
     tracks(image, style, decades, flips)
+    shading(image, style, plotted, looks)
     under = image.copy() if keep_layers else None
     mask = np.zeros((style.height, style.width), np.uint8)
     curves(layer_rng, image, mask, style, plotted, looks, classes)
     inked = image.copy() if keep_layers else None
     rgb = Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
-    labels(np.random.default_rng([seed, index, TEXT_STREAM]), rgb, style, heavy, _names(plotted, decades))
+    labels(np.random.default_rng([seed, index, TEXT_STREAM]), rgb, style, heavy, _names(plotted, decades, looks))
     printed = np.asarray(rgb, dtype=np.float32).copy()
     out, moved = scan(np.random.default_rng([seed, index, SCANNER_STREAM, 1]), printed, mask, style)
     return ScanLayers(style, under, inked, mask, out, moved)

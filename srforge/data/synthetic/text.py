@@ -30,11 +30,42 @@ def _header(rng, draw, style: ScanStyle, names: dict[int, list], ink) -> None:
         draw.text((x0, 1), words, fill=ink, font=face)
         x0 += int(draw.textlength(words, font=face)) + 12
     for track in sorted(names):
-        for k, (name, lo, hi) in enumerate(names[track][:2]):
+        for k, (name, lo, hi, _) in enumerate(names[track][:2]):
             x = x0 + int(rng.integers(0, max(1, style.width // 4)))
             text = f"{_number(lo)}  {name}  {_number(hi)}"
             y = min(style.header - size, 1 + k * size)
             draw.text((x, max(0, y)), text, fill=ink, font=face)
+
+
+def _panel(rng, draw, style: ScanStyle, names: dict[int, list], ink) -> None:
+    """The heading panel at the left: the well's name large, then curve names and scales in smaller type."""
+    lines = [" ".join(HEADER_WORDS[k] for k in rng.integers(0, len(HEADER_WORDS), int(rng.integers(1, 3))))]
+    lines += [f"{name} {_number(lo)} - {_number(hi)}" for track in sorted(names) for name, lo, hi, _ in names[track]]
+    y, size = 1, int(rng.integers(style.font_px, max(style.font_px, style.height // 4) + 1))
+    for text in lines:
+        if y + size > style.height - 1:
+            break
+        draw.text((2, y), text, fill=ink, font=font(max(5, size)))
+        y += size + int(rng.integers(0, 4))
+        size = max(5, int(size * rng.uniform(0.6, 1.0)))
+
+
+def _curve_labels(rng, draw, style: ScanStyle, names: dict[int, list]) -> None:
+    """Each curve's name (and unit or scale) repeated along its track every curve_labels px, in the curve's ink
+    or the text's, over the curves."""
+    face = font(style.font_px)
+    for track, curves in names.items():
+        top, bottom = style.tracks[track]
+        if bottom - top < style.font_px + 2:
+            continue
+        for name, lo, hi, ink in curves:
+            text = f"{name} ({_number(lo)}-{_number(hi)})" if rng.random() < 0.5 else name
+            fill = tuple(int(c) for c in ink) if rng.random() < 0.7 else (20, 20, 20)
+            x = style.panel + int(rng.integers(0, max(1, style.curve_labels)))
+            while x < style.width:
+                y = int(rng.integers(top + 1, bottom - style.font_px))
+                draw.text((x, y), text, fill=fill, font=face)
+                x += style.curve_labels
 
 
 def labels(rng, rgb: Image.Image, style: ScanStyle, heavy: np.ndarray, names: dict[int, list]) -> None:
@@ -55,6 +86,10 @@ def labels(rng, rgb: Image.Image, style: ScanStyle, heavy: np.ndarray, names: di
         else:
             for top, _ in style.tracks:
                 draw.text((4, top + 2), TRACK_NAMES[rng.integers(len(TRACK_NAMES))], fill=ink, font=font(11))
+    if style.panel:
+        _panel(rng, draw, style, names, ink)
+    if style.curve_labels:
+        _curve_labels(rng, draw, style, names)
     h, w = style.height, style.width
     face = font(style.font_px)
     for k in range(style.inside_labels):
