@@ -19,6 +19,15 @@ On a GPU, two checks that benchmarks/gpu_check.sh runs (exit status 0 passed, 3 
                     (forward, loss, backward, fused AdamW) over that many pixels of 640 x 4,800 scans; within 15%.
     --check oom     a batch the probe says needs 1.2x the free memory (base 32, fp32) really runs out of memory, is
                     redone in parts by the trainer's step and the budget lowered; the step is taken.
+
+On the CPU or a GPU:
+
+    --check step    UNets of base 16, depth 3 and 5, fp32, checkpointing off and on: the probe's bytes per pixel
+                    against a real step's (forward, loss, backward, AdamW step, confusion matrix) over two inputs
+                    of 512 x 2,048 and 512 x 4,096 px (CPU: torch's allocator through the profiler; CUDA:
+                    max_memory_allocated); within 10% each. On the CPU also the peak RSS a pixel of the same step
+                    (each input in a fresh process, so fixed costs cancel), shown, not judged: glibc keeps freed
+                    blocks of under its mmap threshold in its heap, so RSS and tensors part at mid sizes.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +49,7 @@ from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.entry import Entry  # noqa: E402
 from srforge.models import UNet  # noqa: E402
 from srforge.runtime.device import autocast, resolve_device  # noqa: E402
-from srforge.runtime.memory import AUTO_FRACTION, auto_budget, free_memory, planning_share  # noqa: E402
+from srforge.runtime.memory import AUTO_FRACTION, auto_budget, free_memory, peak_bytes, planning_share  # noqa: E402
 from srforge.train.losses import segmentation_loss  # noqa: E402
 from srforge.train.memory import probe_memory  # noqa: E402
 
@@ -217,6 +227,70 @@ def check_oom(device: torch.device) -> tuple[bool, str]:
     return trainer.budget.events >= 1 and trainer.step == 1 and finite, figures
 
 
+# -- --check step: the probe against a real step, checkpointing off and on -----------------------------------------
+STEP_SHAPES = ((512, 2048), (512, 4096))  # 1 and 2 Mpx: well past where the weights' gradients set the peak
+STEP_MARGIN = 0.10
+
+
+def step_model(depth: int, checkpointing: bool, device: torch.device) -> UNet:
+    torch.manual_seed(0)
+    return UNet(num_classes=4, base_channels=16, depth=depth, checkpointing=checkpointing).to(device)
+
+
+def real_step(model: UNet, optimizer: torch.optim.Optimizer, shape: tuple[int, int], device: torch.device) -> None:
+    """One training step as the Trainer takes it: forward, loss, backward, confusion matrix, AdamW step."""
+    from srforge.models.class_map import class_map
+    from srforge.train.metrics import confusion_matrix
+
+    g = torch.Generator().manual_seed(0)
+    image = torch.randint(0, 256, (1, 3, *shape), dtype=torch.uint8, generator=g).to(device)
+    mask = torch.randint(0, 4, (1, *shape), generator=g).to(device)
+    optimizer.zero_grad(set_to_none=True)
+    with autocast(device, "fp32"):
+        logits = model(image, torch.tensor([list(shape)], device=device))
+    welllog_loss(logits, mask).backward()
+    with torch.no_grad():
+        confusion_matrix(class_map(logits.detach()), mask, 4, 255)
+    optimizer.step()
+
+
+def step_rss(depth: int, checkpointing: bool, shape: tuple[int, int]) -> int:
+    """Peak RSS bytes of a fresh process that takes two real steps over ``shape`` on the CPU (VmHWM)."""
+    code = (
+        f"import sys, torch; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import bench_memory as b;"
+        f"torch.set_num_threads(1); d = torch.device('cpu'); m = b.step_model({depth}, {checkpointing}, d);"
+        f"o = torch.optim.AdamW(m.parameters(), lr=1e-4); [b.real_step(m, o, {tuple(shape)}, d) for _ in range(2)];"
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[-1]) * 1024
+
+
+def check_step(device: torch.device) -> tuple[bool, str]:
+    """The probe's bytes per pixel against a real step's, depth 3 and 5, checkpointing off and on."""
+    lines, passed = [], True
+    pixels = [h * w for h, w in STEP_SHAPES]
+    for depth, checkpointing in ((3, False), (3, True), (5, False), (5, True)):
+        model = step_model(depth, checkpointing, device)
+        probed = probe_memory(model, device, "fp32", welllog_loss).bytes_per_pixel
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        real_step(model, optimizer, STEP_SHAPES[0], device)  # AdamW's state, as every step after the first holds it
+        peaks = [peak_bytes(lambda s=s: real_step(model, optimizer, s, device), device) for s in STEP_SHAPES]
+        real = (peaks[1] - peaks[0]) / (pixels[1] - pixels[0])
+        error = abs(probed - real) / real
+        passed &= error <= STEP_MARGIN
+        line = f"depth {depth} checkpointing {'on ' if checkpointing else 'off'}: probe {probed:,.0f} B/px, real step "
+        line += f"{real:,.0f} B/px ({error:.1%} apart)"
+        if device.type == "cpu" and sys.platform.startswith("linux"):
+            rss = [step_rss(depth, checkpointing, s) for s in STEP_SHAPES]
+            line += f", peak RSS {(rss[1] - rss[0]) / (pixels[1] - pixels[0]):,.0f} B/px"
+        lines.append(line)
+        print(line, flush=True)
+    shapes = " and ".join(f"{h} x {w}" for h, w in STEP_SHAPES)
+    lines.append(f"base 16, fp32, inputs {shapes} px on {device}; goal: within {STEP_MARGIN:.0%} each")
+    return passed, "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
@@ -224,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per setting for the checkpointing cost")
     parser.add_argument("--out", default="benchmarks/results/bench_memory.json")
-    parser.add_argument("--check", choices=("probe", "oom"), help="run one GPU check instead of the table")
+    parser.add_argument("--check", choices=("probe", "oom", "step"), help="run one check instead of the table")
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device)  # a CUDA device with its index, or a ValueError naming those there are
@@ -233,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if args.check == "step":
+        passed, figures = check_step(device)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"check": args.check, "passed": passed, "figures": figures}, indent=2))
+        print(figures)
+        return 0 if passed else 3
     if args.check:
         if device.type != "cuda":
             print(f"bench_memory: --check {args.check} needs --device cuda", file=sys.stderr)

@@ -5,9 +5,10 @@ is a fixed part plus a part per padded pixel,
 
     peak(P) = fixed + bytes_per_pixel * P          P = padded pixels of the batch (B x Hp x Wp)
 
-Both parts are measured, never guessed: the step runs on two inputs of one height and two widths, and the
-difference of their peaks over the difference of their pixels is the cost per pixel; whatever the larger input
-holds beyond that (gradients, workspaces) is the fixed part. On CUDA the peaks come from the caching allocator
+Both parts are measured, never guessed: the step runs on two inputs of one height and two widths (wide enough
+that the activations set the peak, :func:`measure_step_memory`), and the difference of their peaks over the
+difference of their pixels is the cost per pixel; whatever the larger input holds beyond that (gradients,
+workspaces) is the fixed part. On CUDA the peaks come from the caching allocator
 (``max_memory_allocated``); on the CPU from the profiler's record of every allocation and free of torch's CPU
 allocator (``torch.profiler`` with ``profile_memory``), summed in time order. A budget is then the memory a step
 may take (a fraction of what is free, shared by the processes on one device) less the fixed part, over the cost
@@ -193,15 +194,27 @@ def quiet_profiler() -> Iterator[None]:
 
 
 def probe_shapes(divisor: int, device: torch.device) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The two (H, W) inputs the probe measures: one height, two widths, multiples of ``divisor``.
+    """The two (H, W) inputs the probe measures first: one height, two widths, multiples of ``divisor``.
 
-    256 x 1,024 and 256 x 2,048 px on CUDA (large enough that the activations, not the gradients, set the peak);
-    128 x 512 and 128 x 1,024 on the CPU, where a base-32 step over them takes seconds. Both rounded up to the
-    divisor, so a deep model gets a few rows at its deepest level.
+    256 x 1,024 and 256 x 2,048 px on CUDA; 128 x 512 and 128 x 1,024 on the CPU, where a base-32 step over them
+    takes seconds. Both rounded up to the divisor, so a deep model gets a few rows at its deepest level. Where they
+    are too small for the activations to set the peak, :func:`measure_step_memory` doubles them.
     """
     height, width = (256, 1024) if device.type == "cuda" else (128, 512)
     height, width = -(-height // divisor) * divisor, -(-width // divisor) * divisor
     return (height, width), (height, 2 * width)
+
+
+# A step peaks either where the most activations are held (mid-backward) or where the weights' gradients are (late
+# in the backward, when few activations are left). Below some input size the second is the higher peak, and it grows
+# more slowly with the pixels than the first: two inputs there measure too few bytes per pixel. With checkpointing
+# (few activations a pixel) that size is large: at 128 x 512 and 128 x 1,024 px a depth-5 base-16 UNet measured 651
+# B/px, base 32 973 B/px, against 778 and 1,538 from 128 x 1,024 up (791 for base 16 between 1 and 2 Mpx in a
+# Trainer step); its activations at the smaller input, 43 and 64 MB, were then under twice the gradients (31 and
+# 82 MB). So the inputs are doubled until the smaller one's activations are at least ACTIVATIONS_OVER_GRADIENTS
+# times the gradients, at most PROBE_DOUBLINGS times.
+ACTIVATIONS_OVER_GRADIENTS = 2.0
+PROBE_DOUBLINGS = 3
 
 
 def measure_step_memory(
@@ -209,16 +222,23 @@ def measure_step_memory(
 ) -> StepMemory:
     """The StepMemory of ``run_at(height, width)`` (one training step over a single [H, W] input) on ``device``.
 
-    Runs once on the smaller input as a warm-up (cuBLAS / cuDNN workspaces and the gradients' first allocation),
-    then measures the peaks of both inputs: bytes per pixel = (peak_2 - peak_1) / (pixels_2 - pixels_1), fixed =
-    peak_2 - bytes per pixel x pixels_2 (at least 0), plus ``facts["optimizer_bytes"]``. ``facts`` may also
-    name ``checkpointing``.
+    Runs once on the smaller input of :func:`probe_shapes` as a warm-up (cuBLAS / cuDNN workspaces and the
+    gradients' first allocation), then measures the peaks of both inputs: bytes per pixel = (peak_2 - peak_1) /
+    (pixels_2 - pixels_1), fixed = peak_2 - bytes per pixel x pixels_2 (at least 0), plus
+    ``facts["optimizer_bytes"]``. While the smaller input's activations (bytes per pixel x its pixels) are under
+    ACTIVATIONS_OVER_GRADIENTS x ``facts["gradient_bytes"]``, both widths are doubled and measured again (see
+    above). ``facts`` may also name ``checkpointing``.
     """
     small, large = probe_shapes(divisor, device)
     run_at(*small)
-    peaks = [peak_bytes(lambda shape=shape: run_at(*shape), device) for shape in (small, large)]
-    pixels = [small[0] * small[1], large[0] * large[1]]
-    per_pixel = max(1.0, (peaks[1] - peaks[0]) / (pixels[1] - pixels[0]))
+    gradients = float(facts.get("gradient_bytes", 0.0))
+    for doubling in range(PROBE_DOUBLINGS + 1):
+        peaks = [peak_bytes(lambda shape=shape: run_at(*shape), device) for shape in (small, large)]
+        pixels = [small[0] * small[1], large[0] * large[1]]
+        per_pixel = max(1.0, (peaks[1] - peaks[0]) / (pixels[1] - pixels[0]))
+        if per_pixel * pixels[0] >= ACTIVATIONS_OVER_GRADIENTS * gradients or doubling == PROBE_DOUBLINGS:
+            break
+        small, large = large, (large[0], 2 * large[1])
     optimizer = float(facts.get("optimizer_bytes", 0.0))
     fixed = max(0.0, peaks[1] - per_pixel * pixels[1]) + optimizer
     return StepMemory(

@@ -26,6 +26,7 @@ from srforge.models.contract import class_name
 from srforge.runtime.device import autocast
 from srforge.runtime.distributed import Processes
 from srforge.runtime.memory import (
+    PROBE_DOUBLINGS,
     StepMemory,
     auto_budget,
     free_memory,
@@ -116,7 +117,8 @@ def probe_memory(
 
     The step: forward of a blank [1, C, H, W] uint8 image, ``loss`` against an all-class-0 mask, backward; its
     gradients are dropped after. AdamW's two moments per parameter (the optimizer state a real step adds) are
-    counted into the fixed part. The model's weights, mode and the random number generators are left as they were.
+    counted into the fixed part; the gradients' bytes tell the measurement how large its inputs must be for the
+    activations to set the peak. The model's weights, mode and the random number generators are left as they were.
     """
 
     def run_at(height: int, width: int) -> None:
@@ -139,7 +141,7 @@ def probe_memory(
         model.zero_grad(set_to_none=True)
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer_bytes = 2.0 * sum(p.numel() * p.element_size() for p in trainable)
+    gradient_bytes = float(sum(p.numel() * p.element_size() for p in trainable))
     was_training = model.training
     model.train()
     try:
@@ -149,7 +151,8 @@ def probe_memory(
                 model.size_divisor,
                 device,
                 precision,
-                optimizer_bytes=optimizer_bytes,
+                optimizer_bytes=2.0 * gradient_bytes,
+                gradient_bytes=gradient_bytes,
                 checkpointing=bool(getattr(model, "checkpointing", False)),
             )
     except RuntimeError as error:
@@ -158,7 +161,8 @@ def probe_memory(
         (h, w), (h2, w2) = probe_shapes(model.size_divisor, device)
         raise ConfigError(
             f"the start-of-run memory probe ran out of memory on {device}: one training step of {class_name(model)} "
-            f"over a {h} x {w} and a {h2} x {w2} px input did not fit ({str(error).splitlines()[0][:200]}). Free "
+            f"over inputs from {h} x {w} to {h2} x {w2} px, or up to {2**PROBE_DOUBLINGS} times as wide, did not fit "
+            f"({str(error).splitlines()[0][:200]}). Free "
             "memory on the device, or make the step smaller: model.checkpointing=true, train.precision=bf16, or a "
             "smaller model (fewer model.base_channels)."
         ) from None
