@@ -80,7 +80,7 @@ def test_the_mask_rule_is_coverage_of_at_least_one_half():
     assert log_plotter.curve_mask(layer).tolist() == [[0, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 1]]
 
 
-SCANS = range(24)
+SCANS = range(14)
 
 
 @pytest.fixture(scope="module")
