@@ -100,7 +100,7 @@ def tracks(image: np.ndarray, style: ScanStyle, decades: tuple[int, ...], flips:
         if style.scale_dotted:
             columns = columns[columns % 3 != 2]
         _blend(image, np.ix_(rows, columns), ink, strength)
-        edges = [top, bottom] if style.border_width == 1 else _border_rows(top, bottom, style.border_width, image.shape[0])
+        edges = _border_rows(top, bottom, style.border_width, image.shape[0])
         image[edges, style.panel :] = ink * 0.6 if not style.randomised else ink * 0.75
     frame = ink * 0.6
     image[0, :], image[:, 0], image[:, -1] = frame, frame, frame

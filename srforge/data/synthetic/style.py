@@ -29,11 +29,11 @@ RANDOMISED = {
     "tracks": "1-4, heights at random (each at least a sixth of the others' mean), a gap between them sometimes",
     "header": "none (40%) or 5-20% of the height, with track names, scale values and header text",
     "grid step": "8-80 full-size px, log-uniform (at least 3 px); a heavy line every 2, 4, 5 or 10, or none",
-    "grid ink": "grey or a log paper's orange, red, green, blue or brown; strength 0.15-0.85 (fainter for steps under "
-    "8 px); 1-2 px, heavy 1-3 px; dotted 15%",
+    "grid ink": "grey (as dark as curves) or a log paper's orange, red, green, blue or brown; strength 0.3-1 (fainter "
+    "for steps under 8 px); 1-2 px, heavy 1-3 px; dotted 15%",
     "scale lines": "0-9 per linear track; decades with their minor lines on logarithmic tracks; dotted 20%; "
     "track borders 1-3 px",
-    "curves": "1-4 per track; solid 50%, dashed 30%, dotted 20%; width 1-4 px (2 px most often; thicker at larger "
+    "curves": "1-4 per track; solid 50%, dashed 30%, dotted 20%; width 1-4 px (1-2 px most often; thicker at larger "
     "scales); 12% "
     "shaded towards one edge of the track (opacity 0.15-0.6, a light colour, under the curves)",
     "inks": "near-black 50%, grey (luminance 60-140) 15%, a colour 35% (any hue, luminance at most 140)",
@@ -42,7 +42,8 @@ RANDOMISED = {
     "logarithmic": "resistivity-like curves (LAS) and 25% of the generator's own tracks",
     "paper": "white, cream, yellowed, grey or bluish; texture 0-12, grain 0-8 grey levels",
     "text": "depth numbers and names in fonts of 5-14 px, 0-4 depth labels inside the tracks, over the curves; "
-    "each curve's name repeated along its track in its ink (50%); a heading panel of text in a box at the left "
+    "each curve's name repeated along its track in its ink (50%; a third of them turned 90 degrees); a heading "
+    "panel of text in a box at the left "
     "(30%, 4-20% of the width)",
     "scanner": "skew up to 0.5 degrees, blur sigma 0-1 px, resolution loss 1.2-2x 20%, uneven illumination up to "
     "25%, 0-3 stains 40%, 0-2 fold lines 25%, sensor noise 0-6, gamma 0.75-1.35, greyscale 35%, JPEG quality "
@@ -154,8 +155,10 @@ def _paper(rng, randomise: bool) -> tuple[np.ndarray, float, float]:
 
 
 def _grid_ink(rng, paper: np.ndarray, randomise: bool) -> np.ndarray:
-    if not randomise or rng.random() < 0.55:
-        return paper * rng.uniform(0.3 if randomise else 0.55, 0.8)
+    if not randomise:
+        return paper * rng.uniform(0.55, 0.8)
+    if rng.random() < 0.55:  # grey grids as dark as the curves, so that darkness never tells them apart
+        return paper * rng.uniform(0.2, 0.75)
     tint = np.array(GRID_TINTS[1 + rng.integers(len(GRID_TINTS) - 1)])
     return np.clip(255 * tint * rng.uniform(0.6, 1.05), 0, 255)
 
@@ -191,7 +194,7 @@ def _grid(rng, scale: float, randomise: bool) -> dict:
         grid_width=1 + int(rng.random() < 0.25 * min(1.0, 8 * scale)),
         heavy_width=1 + int(rng.integers(0, 3) * min(1.0, 8 * scale)),
         grid_dotted=bool(rng.random() < 0.15),
-        grid_strength=rng.uniform(0.15, 0.85) * min(1.0, 0.3 + step / 12),  # a fine grid is printed faint
+        grid_strength=rng.uniform(0.3, 1.0) * min(1.0, 0.3 + step / 12),  # a fine grid is printed fainter
     )
 
 
@@ -271,7 +274,7 @@ def curve_look(rng, scale: float, randomise: bool) -> CurveLook:
     styles stay apart at every scale."""
     style = STYLES[rng.choice(3, p=(0.5, 0.3, 0.2))]
     if randomise:
-        base = int(rng.choice(4, p=(0.3, 0.4, 0.22, 0.08))) + 1
+        base = int(rng.choice(4, p=(0.4, 0.4, 0.15, 0.05))) + 1
         width = max(1, round(base * max(1.0, scale * 8) ** 0.5))
     else:
         width = length(rng.integers(1, 4), scale)

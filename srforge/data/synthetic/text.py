@@ -50,7 +50,16 @@ def _panel(rng, draw, style: ScanStyle, names: dict[int, list], ink) -> None:
         size = max(5, int(size * rng.uniform(0.6, 1.0)))
 
 
-def _curve_labels(rng, draw, style: ScanStyle, names: dict[int, list]) -> None:
+def _turned_text(rgb: Image.Image, at: tuple[int, int], text: str, fill, face, rows: int) -> None:
+    """``text`` turned 90 degrees (reading upward) with its top-left at ``at``, cut to ``rows`` rows."""
+    left, top, right, bottom = face.getbbox(text)
+    glyphs = Image.new("L", (max(1, right), max(1, bottom)))
+    ImageDraw.Draw(glyphs).text((0, 0), text, fill=255, font=face)
+    glyphs = glyphs.rotate(90, expand=True).crop((0, 0, max(1, bottom), max(1, min(rows, right))))
+    rgb.paste(Image.new("RGB", glyphs.size, fill), at, glyphs)
+
+
+def _curve_labels(rng, rgb: Image.Image, draw, style: ScanStyle, names: dict[int, list]) -> None:
     """Each curve's name (and unit or scale) repeated along its track every curve_labels px, in the curve's ink
     or the text's, over the curves."""
     face = font(style.font_px)
@@ -62,9 +71,13 @@ def _curve_labels(rng, draw, style: ScanStyle, names: dict[int, list]) -> None:
             text = f"{name} ({_number(lo)}-{_number(hi)})" if rng.random() < 0.5 else name
             fill = tuple(int(c) for c in ink) if rng.random() < 0.7 else (20, 20, 20)
             x = style.panel + int(rng.integers(0, max(1, style.curve_labels)))
+            turned = rng.random() < 0.33
             while x < style.width:
                 y = int(rng.integers(top + 1, bottom - style.font_px))
-                draw.text((x, y), text, fill=fill, font=face)
+                if turned:
+                    _turned_text(rgb, (x, top + 1), text, fill, face, bottom - top - 1)
+                else:
+                    draw.text((x, y), text, fill=fill, font=face)
                 x += style.curve_labels
 
 
@@ -89,7 +102,7 @@ def labels(rng, rgb: Image.Image, style: ScanStyle, heavy: np.ndarray, names: di
     if style.panel:
         _panel(rng, draw, style, names, ink)
     if style.curve_labels:
-        _curve_labels(rng, draw, style, names)
+        _curve_labels(rng, rgb, draw, style, names)
     h, w = style.height, style.width
     face = font(style.font_px)
     for k in range(style.inside_labels):
