@@ -66,3 +66,23 @@ def test_single_process_on_cuda_n_binds_gpu_n(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", bound.append)
     assert single_process_device("cuda:1") == torch.device("cuda", 1) and bound == [torch.device("cuda", 1)]
     assert single_process_device("cpu") == torch.device("cpu") and len(bound) == 1
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_predict_and_evaluate_end_the_process_group_they_ran_in(tmp_path, monkeypatch, command):
+    """A process that exits with a gloo group still running can abort in gloo's threads ("terminate called without
+    an active exception"); the commands end the group first, whatever they returned."""
+    from predict_fixtures import random_checkpoint
+
+    from srforge.cli import main_evaluate, main_predict
+
+    random_checkpoint(tmp_path / "m.pt")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        main = main_predict if command == "predict" else main_evaluate
+        args = ["--checkpoint", str(tmp_path / "m.pt"), "--input", str(tmp_path / "none"), "--output", str(tmp_path)]
+        assert main(args) != 0  # the input is missing: the group ends on this way out too
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -178,6 +178,7 @@ def _print_summary(document: dict, out: Path) -> None:
 
 def main_evaluate(argv=None) -> int:
     """Score a checkpoint (or a folder of predicted masks) against true masks: per class, per scan, by width."""
+    from srforge.runtime.distributed import stop
     from srforge.runtime.signals import TERMINATED_STATUS, Terminated, terminate_as_interrupt
 
     try:
@@ -194,6 +195,8 @@ def main_evaluate(argv=None) -> int:
         except KeyboardInterrupt as exc:
             print(f"{PROG}: stopped by {'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'}", file=sys.stderr)
             return TERMINATED_STATUS if isinstance(exc, Terminated) else fail(PROG, exc)
+        finally:
+            stop()  # the group scoring joined, ended before the interpreter: gloo's threads abort an exit with it
 
 
 def _evaluate(args) -> int:

@@ -184,6 +184,7 @@ def _stopped(exc: KeyboardInterrupt, report: Path, written: bool) -> int:
 def main_predict(argv=None) -> int:
     """Predict class masks for every scan of a folder, .zip or .tar(.gz) with a trained srforge checkpoint."""
     from srforge.atomic import DiskFullError
+    from srforge.runtime.distributed import stop
     from srforge.runtime.signals import terminate_as_interrupt
 
     try:
@@ -203,6 +204,8 @@ def main_predict(argv=None) -> int:
             where = output / "report.json"
             note = f"the report could not be written either, so {where} does not hold this run; free space and rerun"
             return fail(PROG, exc, f"{note} (finished scans are skipped)")
+        finally:
+            stop()  # the group prediction joined, ended before the interpreter: gloo's threads abort an exit with it
 
 
 def looks_like_masks(folder: Path) -> str | None:
