@@ -3,7 +3,9 @@ a resume that would change the model."""
 
 import contextlib
 import errno
+import json
 import os
+import signal
 import subprocess
 import uuid
 
@@ -61,6 +63,26 @@ def test_ctrl_c_while_best_pt_is_written_leaves_best_pt_right_after_resume(tmp_p
     assert summary["epoch"] == 2 and best["epoch"] == last["epoch"] == 2
     assert best["best_metric"] == summary["best_mean_iou"] == summary["val_mean_iou"]
     assert all(torch.equal(best["model"][k], last["model"][k]) for k in best["model"])
+
+
+def test_a_ctrl_c_inside_torch_save_of_best_pt_stops_the_run_cleanly_after_both_files(tmp_path, monkeypatch):
+    """A real SIGINT in the middle of torch.save: held until best.pt and last.pt are whole, then the run stops as
+    on any Ctrl-C (KeyboardInterrupt, not torch's zip-writer RuntimeError), the epoch's metrics row written."""
+    run = tmp_path / "run"
+    real_save = torch.save
+
+    def save_interrupted(obj, f, *args, **kwargs):
+        if getattr(f, "name", "").startswith(str(run / ".best.pt")):
+            os.kill(os.getpid(), signal.SIGINT)  # lands while torch.save writes its zip
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_config(run, epochs=3))
+    best, last = load_checkpoint(run / "best.pt"), load_checkpoint(run / "last.pt")
+    assert best["epoch"] == last["epoch"] == 1 and last["batches_done"] == 0
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["epoch"] for row in rows] == [1]
 
 
 def test_temporary_files_of_a_killed_run_are_swept_at_start(tmp_path):

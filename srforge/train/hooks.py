@@ -204,7 +204,7 @@ class CheckpointHook(Hook):
 
     ``best`` (the best validation mean IoU) is recorded in last.pt only once best.pt holds its weights: a Ctrl-C
     while best.pt is written leaves last.pt at the previous best, so the resumed run validates that epoch again.
-    While last.pt is written on a stop, Ctrl-C and SIGTERM are held and delivered after; should the write be cut
+    While the checkpoints are written, Ctrl-C and SIGTERM are held and delivered after; should a stop's write be cut
     short all the same, the console says that last.pt was not updated and what it still holds.
     """
 
@@ -218,15 +218,19 @@ class CheckpointHook(Hook):
     def after_epoch(self) -> None:
         t = self.trainer
         score = t.row.get("val_mean_iou")
-        if score is not None and math.isfinite(score) and score > self.best:
-            previous, self.best = self.best, score
-            try:
-                self.save("best.pt", weights=t.averaged)
-            except BaseException:
-                self.best = previous
-                raise
-        self.save("last.pt")
-        self.saved_epoch, self.last_saved = t.epoch, f"the end of epoch {t.epoch + 1}"
+        # A Ctrl-C or SIGTERM inside torch.save would surface as its zip writer's RuntimeError, not as the
+        # interrupt: both files are written first, then the signal acts (the run stops at this epoch's end).
+        with interrupts_held():
+            if score is not None and math.isfinite(score) and score > self.best:
+                previous, self.best = self.best, score
+                try:
+                    self.save("best.pt", weights=t.averaged)
+                except BaseException:
+                    self.best = previous
+                    raise
+            self.save("last.pt")
+            self.saved_epoch, self.last_saved = t.epoch, f"the end of epoch {t.epoch + 1}"
+            t.saved_epoch_end = t.epoch
         t.summary["best_mean_iou"] = self.best
 
     def save(self, name: str, *, epoch_end: bool = True, weights: torch.nn.Module | None = None) -> None:
@@ -283,15 +287,22 @@ class MetricsHook(Hook):
     """Each epoch's row into metrics.jsonl and metrics.csv, TensorBoard when installed, and one line on the console
     (main process)."""
 
-    writer = None
+    writer, logged = None, None  # logged: the epoch whose row was written last
 
     def before_train(self) -> None:
         self.writer = open_tensorboard(self.trainer.run_dir)
 
     def after_epoch(self) -> None:
-        log_epoch(self.trainer.run_dir, self.writer, self.trainer.row, self.trainer.step)
+        t = self.trainer
+        log_epoch(t.run_dir, self.writer, t.row, t.step)
+        self.logged = t.epoch
 
     def after_train(self) -> None:
+        t = self.trainer
+        # A stop that came as last.pt was written at an epoch's end (the checkpoint hook held it until then): the
+        # resumed run starts the next epoch, so this epoch's row is written now or never.
+        if t.stopped_by is not None and t.saved_epoch_end == t.epoch and self.logged != t.epoch:
+            self.after_epoch()
         if self.writer is not None:
             self.writer.close()
 

@@ -154,6 +154,7 @@ class Trainer:
         self.summary["class_names"] = class_names_or_default(cfg.model.class_names, cfg.model.num_classes)
         self.averaged: torch.nn.Module | None = None
         self.stop_requested, self.stopped_by, self.saved_at = False, None, "last.pt (rank 0 writes it)"
+        self.saved_epoch_end: int | None = None  # the epoch whose end last.pt holds, once this run wrote it
         self.stepped, self.update_batches, self.shown = False, 0, None
         self.start_pass()
         before, after = built_in_hooks(self)  # EMA copies the model: before it is compiled
