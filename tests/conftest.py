@@ -14,7 +14,8 @@ from helpers import labels, rgb, write
 
 # The slow integration tests (torchrun, ONNX exports, compiles, the longest training runs and resumes): the fast loop
 # `pytest -m "not slow"` leaves them out, the README's test command (and .ci/run) runs them too. Marked here by test
-# function, measured with --durations: together they take about five sixths of the suite's time.
+# function, measured with --durations: together they take about five sixths of the suite's time. The tests that share
+# test_export.py's exported model are all here, so that the fast loop does not pay for the export either.
 SLOW = {
     "tests/test_accumulate_crop.py::test_a_ctrl_c_inside_an_update_saves_its_start_and_the_resumed_run_redoes_it",
     "tests/test_accumulate_crop.py::test_accumulation_resumes_exactly_and_the_schedule_counts_updates",
@@ -32,6 +33,13 @@ SLOW = {
     "tests/test_adapter_runs.py::test_an_adapter_with_masked_norms_trains_under_torchrun",
     "tests/test_bench_quality.py::test_quick_mode_trains_and_scores_every_recipe",
     "tests/test_export.py::test_export_writes_a_dynamic_model_and_prints_the_check",
+    "tests/test_export.py::test_the_exported_model_serves_sizes_and_batches_it_was_not_traced_with",
+    "tests/test_export.py::test_the_check_fails_with_a_clear_message_for_a_model_that_was_not_exported",
+    "tests/test_export.py::test_the_readme_snippet_predicts_a_scan_with_onnxruntime_alone",
+    "tests/test_export.py::test_without_onnxruntime_the_export_is_written_and_the_check_skipped_with_a_note",
+    "tests/test_export.py::test_run_onnx_names_what_is_wrong_with_the_inputs_before_onnxruntime_does",
+    "tests/test_any_model.py::test_export_of_any_model_matches_onnxruntime",
+    "tests/test_train_workflow.py::test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_completes",
     "tests/test_gpu_check.py::test_gpu_check_without_a_gpu_says_so_and_exits_2",
     "tests/test_hooks.py::test_exact_resume_with_ema_a_user_hook_and_accumulation_mid_epoch",
     "tests/test_host_syncs.py::test_at_most_one_device_read_per_training_step",
