@@ -3,7 +3,6 @@ placed from a depth window with wrap-around, logarithmic tracks, the config key 
 
 import sys
 
-import lasio
 import numpy as np
 import pytest
 
@@ -27,6 +26,8 @@ from srforge.data.synthetic.scan import plot_curves
 from srforge.extras import MissingExtraError
 from srforge.runtime.distributed import Processes
 from srforge.train.prepare import prepare_synthetic_data
+
+lasio = pytest.importorskip("lasio", reason="the las extra (lasio) writes and reads the tests' LAS files")
 
 N = 3000
 
