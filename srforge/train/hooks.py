@@ -212,7 +212,6 @@ class CheckpointHook(Hook):
 
     def __init__(self):
         self.best = -math.inf
-        self.saved_epoch: int | None = None  # the epoch whose end last.pt holds, written by this run
         self.last_saved = "what it held when this run started (if it existed)"
 
     def after_epoch(self) -> None:
@@ -229,8 +228,7 @@ class CheckpointHook(Hook):
                     self.best = previous
                     raise
             self.save("last.pt")
-            self.saved_epoch, self.last_saved = t.epoch, f"the end of epoch {t.epoch + 1}"
-            t.saved_epoch_end = t.epoch
+            t.saved_epoch_end, self.last_saved = t.epoch, f"the end of epoch {t.epoch + 1}"
         t.summary["best_mean_iou"] = self.best
 
     def save(self, name: str, *, epoch_end: bool = True, weights: torch.nn.Module | None = None) -> None:
@@ -253,7 +251,7 @@ class CheckpointHook(Hook):
         t.summary["best_mean_iou"] = self.best
         if t.stopped_by is None or not t.processes.main or (t.lock is not None and not t.lock.held()):
             return
-        path, saved = t.run_dir / "last.pt", self.saved_epoch == t.epoch
+        path, saved = t.run_dir / "last.pt", t.saved_epoch_end == t.epoch
         where = f"the end of epoch {t.epoch + 1}" if saved else f"epoch {t.epoch + 1}, batch {t.batches_done}"
         t.saved_at, written = f"{path} at {where}", saved
         try:
