@@ -197,15 +197,10 @@ class Reader(threading.Thread):
         [(future, {index: bytes})] one a task)."""
         batch, tasks = DecodedBatch(indices), []
         data = self.archive.read_bytes(indices) if data is None else data
-        readable = []
         for i in indices:
-            raw = data.pop(i)
-            if isinstance(raw, BaseException):
-                batch.errors[i] = raw
-            else:
-                readable.append(i)
-                data[i] = raw
-        for chunk in decode_chunks(readable, self.sizes):
+            if isinstance(data[i], BaseException):  # the member could not be read
+                batch.errors[i] = data.pop(i)
+        for chunk in decode_chunks([i for i in indices if i not in batch.errors], self.sizes):
             raws = {i: data.pop(i) for i in chunk}
             items = [(raws[i], self.archive.label(i)) for i in chunk]
             try:
