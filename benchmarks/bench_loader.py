@@ -5,13 +5,14 @@ On full-size synthetic well-log scans (scan 1 of seed 0 at scale 1: 564 x 11,742
 repeats):
 
 - today's ``read_image`` (PIL, its two copies after decoding: ``read_image_pil(...).contiguous()``), the new
-  ``read_image`` (libjpeg-turbo for JPEG, PIL without the copies for PNG), a cache hit (mapping the entry plus the
-  collate's copy into a batch slot) and the floor: copying the decoded bytes into that slot;
+  ``read_image`` (libjpeg-turbo for JPEG, pyspng or PIL without the copies for PNG), a cache hit (mapping the entry
+  plus the collate's copy into a [C, H, W] batch slot) and the floor: copying the decoded bytes into that slot;
 - the training loader (SegmentationFolder through FieldView with the mask check, SizeGroupedBatchSampler,
   AlignedCollate; 1 and 2 workers) in scans/s: today's code (both copies, ``torch.unique`` mask checks), epoch 1
-  and epoch 2 with ``data.cache``;
-- prediction's host cost per scan: decoding plus the mask PNG, today's (level 6) against ``MASK_PNG``, and the
-  bytes and milliseconds of every zlib level on the scan's mask;
+  and epoch 2 with ``data.cache``, and epoch 2 of a channels-last cache and collate (``train.channels_last``);
+- prediction's host cost per scan: decoding plus the mask PNG, today's (PIL, level 6) against srforge's mask writer
+  (:func:`srforge.predict.mask_png.gray_png`), and the bytes and milliseconds of every zlib level of PIL's writer
+  on the scan's mask;
 - a projection for a 16-core machine (14 workers) against an estimated GPU step per scan.
 
     python benchmarks/bench_loader.py [--scans 10] [--repeats 5] [--out benchmarks/results/bench_loader.json]
@@ -43,7 +44,7 @@ from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.images import read_image, read_image_pil  # noqa: E402
 from srforge.data.sampling import SizeGroupedBatchSampler  # noqa: E402
 from srforge.data.synthetic import make_welllog_scans, welllog_scan  # noqa: E402
-from srforge.predict.outputs import MASK_PNG  # noqa: E402
+from srforge.predict.mask_png import gray_png  # noqa: E402
 
 # An estimate, not a measurement: FLOPs of one padded pixel fwd+bwd for the base-32 UNet (docs/performance.md
 # measured 342.1 k for base 16; channels double, FLOPs about 4x), at a sustained bf16 rate of an H200-class GPU.
@@ -95,8 +96,8 @@ def decode_rows(files: dict, root: Path, repeats: int) -> list[dict]:
         mode = label.split()[0]
         cache.read_image(path, mode)
         decoded = read_image(path, mode)
-        slot = torch.empty(decoded.shape[1], decoded.shape[2], decoded.shape[0], dtype=torch.uint8).permute(2, 0, 1)
-        source = decoded.permute(1, 2, 0).contiguous().permute(2, 0, 1)  # decoded bytes in memory
+        slot = torch.empty(decoded.shape, dtype=torch.uint8)  # a batch slot, as AlignedCollate's default makes it
+        source = decoded.contiguous()  # decoded bytes in memory, in the cache's default layout
         ms = timed(
             {
                 "today": lambda: today_read_image(path, mode),
@@ -143,7 +144,9 @@ def loader_rows(root: Path, scans: int) -> list[dict]:
         today = loader_rate(root / "train", workers, None, today=True)
         first = loader_rate(root / "train", workers, cache)
         second = loader_rate(root / "train", workers, cache)
-        last = loader_rate(root / "train", workers, cache, channels_last=True)
+        pixels = DecodedCache(root / f"loader-cache-{workers}-cl", channels_last=True)
+        loader_rate(root / "train", workers, pixels, channels_last=True)  # fills the channels-last entries
+        last = loader_rate(root / "train", workers, pixels, channels_last=True)
         rows.append(
             {"workers": workers, "today": today, "epoch1": first, "epoch2": second, "epoch2_channels_last": last}
         )
@@ -158,17 +161,19 @@ def encode_mask(mask: np.ndarray, **options) -> int:
 
 def prediction_rows(files: dict, mask: np.ndarray, repeats: int) -> tuple[list[dict], list[dict]]:
     levels = {f"level {n}": {"compress_level": n} for n in range(1, 10)}
-    levels["level 1, Z_RLE (MASK_PNG)"] = dict(MASK_PNG)
-    assert MASK_PNG == {"compress_level": 1, "compress_type": zlib.Z_RLE}
-    ms = timed({name: lambda o=o: encode_mask(mask, **o) for name, o in levels.items()}, repeats)
-    table = [{"setting": name, "bytes": encode_mask(mask, **o), "ms": ms[name]} for name, o in levels.items()]
+    levels["level 1, Z_RLE"] = {"compress_level": 1, "compress_type": zlib.Z_RLE}
+    jobs = {name: lambda o=o: encode_mask(mask, **o) for name, o in levels.items()}
+    ours = "srforge's gray_png (no row filter, level 1, Z_RLE)"
+    jobs[ours] = lambda: len(gray_png(mask))
+    ms = timed(jobs, repeats)
+    table = [{"setting": name, "bytes": job(), "ms": ms[name]} for name, job in jobs.items()]
     rows = []
     for label in ("RGB png", "RGB jpg"):
         path = files[label]
         cost = timed(
             {
                 "today": lambda: (today_read_image(path), encode_mask(mask, compress_level=6)),
-                "new": lambda: (read_image(path), encode_mask(mask, **MASK_PNG)),
+                "new": lambda: (read_image(path), gray_png(mask)),
             },
             repeats,
         )
@@ -188,7 +193,8 @@ def report(decode: list, loader: list, levels: list, predict: list) -> dict:
     print("| --- | --- | --- | --- | --- | --- |")
     for r in loader:
         print(f"| {r['workers']} | {r['today']:.2f} | {r['epoch1']:.2f} | {r['epoch2']:.1f} | "
-              f"{r['epoch2_channels_last']:.1f} | {r['epoch2'] / r['today']:.0f}x |")  # fmt: skip
+              f"{r['epoch2_channels_last']:.1f} | {r['epoch2'] / r['today']:.1f}x "
+              f"(channels-last {r['epoch2_channels_last'] / r['today']:.1f}x) |")  # fmt: skip
     print("\n| mask PNG setting | bytes | ms |\n| --- | --- | --- |")
     for r in levels:
         print(f"| {r['setting']} | {r['bytes']:,} | {r['ms']:.1f} |")

@@ -10,7 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import labels, rgb, write
+
+# A pytest-xdist worker (pyproject's addopts start two) computes on one thread, and so do the processes its tests
+# start: two workers of two threads each on two cores spent much of their time waiting for a descheduled thread.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 # The slow integration tests (torchrun, ONNX exports, compiles, the longest training runs and resumes): the fast loop
 # `pytest -m "not slow"` leaves them out, the README's test command (and .ci/run) runs them too. Marked here by test

@@ -34,12 +34,13 @@ def counting(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
-def test_a_hit_equals_a_fresh_decode_bit_for_bit_without_decoding(tmp_path, monkeypatch, mode):
+def test_a_hit_equals_a_fresh_decode_bit_for_bit_without_decoding(tmp_path, monkeypatch, mode, channels_last):
     image = write(tmp_path / "a.png", np.dstack([rgb(9, 13), labels(9, 13, 250)]), "RGBA")
     mask8 = write(tmp_path / "m.png", labels(9, 13))
     mask16 = write(tmp_path / "m16.png", labels(9, 13).astype(np.uint16) * 300 + 7)
-    cache = DecodedCache(tmp_path / "cache")
+    cache = DecodedCache(tmp_path / "cache", channels_last=channels_last)
     calls = counting(monkeypatch)
     misses = [cache.read_image(image, mode), cache.read_mask(mask8), cache.read_mask(mask16)]
     hits = [cache.read_image(image, mode), cache.read_mask(mask8), cache.read_mask(mask16)]
@@ -47,10 +48,24 @@ def test_a_hit_equals_a_fresh_decode_bit_for_bit_without_decoding(tmp_path, monk
     assert len(calls) == 3 and len(entries(tmp_path / "cache")) == 3
     assert [t.dtype for t in fresh] == [torch.uint8, torch.uint8, torch.int64]
     for miss, hit, want in zip(misses, hits, fresh):
-        assert hit.dtype == want.dtype and hit.shape == want.shape and hit.stride() == want.stride()
+        assert hit.dtype == want.dtype and hit.shape == want.shape
         assert torch.equal(hit, want) and torch.equal(miss, want)
+    # An image hit is in the batch's layout: [C, H, W] planes, or a view of [H, W, C] pixels for channels last.
+    assert hits[0].permute(1, 2, 0).is_contiguous() if channels_last else hits[0].is_contiguous()
+    assert hits[1].is_contiguous() and hits[2].is_contiguous()
     hits[0].fill_(0)  # the caller's to change: the entry is mapped copy-on-write
     assert torch.equal(cache.read_image(image, mode), fresh[0]) and len(calls) == 3
+
+
+def test_the_two_image_layouts_are_two_entries_and_a_mask_is_one(tmp_path, monkeypatch):
+    image, mask = write(tmp_path / "a.png", rgb(9, 13, seed=3)), write(tmp_path / "m.png", labels(9, 13))
+    planes, pixels = DecodedCache(tmp_path / "cache"), DecodedCache(tmp_path / "cache", channels_last=True)
+    calls = counting(monkeypatch)
+    for cache in (planes, pixels, planes, pixels):
+        assert torch.equal(cache.read_image(image), read_image(image))
+        assert torch.equal(cache.read_mask(mask), read_mask(mask))
+    assert calls == [image, mask, image]  # each layout decoded once; the mask's entry serves both
+    assert len(entries(tmp_path / "cache")) == 3
 
 
 def test_a_changed_file_or_another_mode_is_decoded_again(tmp_path, monkeypatch):
@@ -233,6 +248,17 @@ def test_check_data_fills_the_cache_with_a_progress_bar(tmp_path, capsys, monkey
     calls = counting(monkeypatch)
     view = FieldView(SegmentationFolder(folder), num_classes=2, cache=DecodedCache(tmp_path / "cache"))
     assert [view[i].name for i in range(4)] == ["s0", "s1", "s2", "s3"] and calls == []
+    # With a config, its images are cached in the layout its batches take (train.channels_last).
+    config = tmp_path / "cl.yaml"
+    config.write_text(
+        f"data: {{cache: {tmp_path / 'cl-cache'}}}\nmodel: {{num_classes: 2}}\ntrain: {{channels_last: true}}\n"
+    )
+    assert main_check_data([str(folder), "--config", str(config)]) == 0
+    decoded = len(calls)
+    view = FieldView(
+        SegmentationFolder(folder), num_classes=2, cache=DecodedCache(tmp_path / "cl-cache", channels_last=True)
+    )
+    assert view[0].image.permute(1, 2, 0).is_contiguous() and len(calls) == decoded
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("x")
     with pytest.raises(SystemExit):

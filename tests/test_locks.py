@@ -38,7 +38,9 @@ def test_a_second_process_is_refused_and_the_lock_dies_with_its_holder(tmp_path)
 def test_a_forked_child_does_not_keep_the_lock_of_a_killed_holder(tmp_path):
     """The holder forks a long-lived child (as a DataLoader worker or decoding process is), then dies by SIGKILL:
     the folder is free at once although the child, which inherited the descriptor, still runs."""
-    child = "import os\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+    # The holder says "held" once the child runs (its fork handlers done), whatever the machine's load.
+    child = "import os\nr, w = os.pipe()\n"
+    child += "if os.fork() == 0:\n    os.write(w, b'1')\n    time.sleep(60)\n    os._exit(0)\nos.read(r, 1)\n"
     code = HOLD.replace('print("held"', child + 'print("held"')
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

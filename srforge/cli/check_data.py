@@ -78,7 +78,7 @@ def _open_cache(parser: argparse.ArgumentParser, args):
     if args.cache is None:
         return None
     try:
-        return DecodedCache(args.cache, args.cache_max_gb)
+        return DecodedCache(args.cache, args.cache_max_gb, args.channels_last)
     except ValueError as exc:  # DataError: not a cache folder, cannot be made; a budget <= 0
         parser.error(f"--cache: {exc}")
 
@@ -158,6 +158,7 @@ def _fill_from_config(parser: argparse.ArgumentParser, args) -> None:
         args.cache = cfg.data.cache
     if args.cache_max_gb is None:
         args.cache_max_gb = cfg.data.cache_max_gb
+    args.channels_last = cfg.train.channels_last  # the cache's image layout is the batch's
     if args.batch_size is None and args.max_pixels is None:
         args.batch_size, args.max_pixels = cfg.data.batch_size, cfg.data.max_pixels
     if args.max_pixels == "auto":  # measured on the training device at start: draw at the CPU's budget instead

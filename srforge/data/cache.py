@@ -7,15 +7,21 @@ unchanged file maps that entry into memory (copy-on-write: the caller may change
 is) instead of decoding::
 
     FOLDER/.srforge-cache            the marker: the folder is srforge's alone (a folder without it is refused)
-    FOLDER/ab/ab12...ef.npy          one entry a source and decoding: [H, W, C] image or [H, W] mask, then the line
+    FOLDER/ab/ab12...ef.npy          one entry a source and decoding: [C, H, W] image ([H, W, C] for a
+                                     channels-last cache) or [H, W] mask, then the line
                                      "\\nsrforge-cache {JSON}\\n" after the array (np.load reads exactly the array)
 
+An image entry is stored in the layout its batch takes (``train.channels_last``: [H, W, C], else [C, H, W] planes),
+so that a hit costs the collate one straight copy into its batch slot: copying a [C, H, W] view of [H, W, C] pixels
+into a [C, H, W] slot is a transpose, about 7x slower than the straight copy on a full-size scan.
+
 An entry serves a read only when the key in its trailer is the one asked for: the source (absolute path, or archive
-and member), its byte size and modification time, the decoding (``image:RGB``, ``mask``), :data:`DECODE_VERSION` and
-PIL's version. Anything else -- a changed file, another mode, an entry cut short, a damaged header or trailer -- is
-decoded again and its entry written anew (its name depends on the source and decoding only, so a changed file
-replaces its entry). Rescaling, cropping and augmentation are per epoch and never cached. The pixels themselves
-carry no checksum: entries are written whole or not at all, so only damage from outside could change them.
+and member), its byte size and modification time, the decoding (``image:RGB``, ``mask``), the image layout,
+:data:`DECODE_VERSION` and PIL's version. Anything else -- a changed file, another mode, an entry cut short, a
+damaged header or trailer -- is decoded again and its entry written anew (its name depends on the source, decoding
+and layout only, so a changed file replaces its entry). Rescaling, cropping and augmentation are per epoch and never
+cached. The pixels themselves carry no checksum: entries are written whole or not at all, so only damage from
+outside could change them.
 
 Every promise of decoding holds through the cache: a file that fails to decode is never cached, so it fails every
 time with the same DataError; the warnings its decoding gave (a multi-page TIFF, a JPEG mask) are kept in the trailer
@@ -52,7 +58,7 @@ from srforge.atomic import TEMP_SUFFIX, atomic_write, atomic_write_text, no_spac
 from srforge.data.images import DataError, DataWarning, read_image, read_mask
 
 MARKER = ".srforge-cache"
-DECODE_VERSION = 1  # raise when decoding changes what a file decodes to: every entry is then decoded again
+DECODE_VERSION = 2  # raise when decoding changes what a file decodes to: every entry is then decoded again
 TRAILER = b"\nsrforge-cache "
 TRAILER_MAX = 1 << 16  # the most bytes a trailer may take (a key holds a path)
 RECOUNT_EVERY = 32  # entries a process adds between two counts of the folder's bytes (with a budget)
@@ -114,14 +120,17 @@ class DecodedCache:
 
     ``read_image(path, mode)`` and ``read_mask(path)`` are :func:`srforge.data.images.read_image` and
     ``read_mask`` through the cache; ``read(source, stamp, decoding, decode)`` caches any decoding of any source.
-    ``stopped`` names why this process adds no more entries (None while it does).
+    ``stopped`` names why this process adds no more entries (None while it does). ``channels_last``: image
+    entries hold [H, W, C] pixels, the layout of a channels-last batch (else [C, H, W] planes); an image read
+    is [C, H, W] either way.
     """
 
-    def __init__(self, root, max_gb: float | None = None):
+    def __init__(self, root, max_gb: float | None = None, channels_last: bool = False):
         if max_gb is not None and not max_gb > 0:
             raise ValueError(f"data.cache_max_gb: expected a size in GB > 0 (or null for no budget), found {max_gb}")
         self.root = Path(root).absolute()
         self.max_bytes = None if max_gb is None else int(max_gb * 1e9)
+        self.channels_last = bool(channels_last)
         self.stopped: str | None = None
         self.token = uuid.uuid4().hex[:12]  # this cache's processes (and their forked workers) say a stop once
         self.used: int | None = None  # the folder's bytes at the last count, plus what this process added since
@@ -143,11 +152,13 @@ class DecodedCache:
 
     def __repr__(self) -> str:
         budget = "no budget" if self.max_bytes is None else f"max {self.max_bytes / 1e9:g} GB"
-        return f"DecodedCache({str(self.root)!r}, {budget})"
+        layout = ", channels last" if self.channels_last else ""
+        return f"DecodedCache({str(self.root)!r}, {budget}{layout})"
 
     # -- reading ----------------------------------------------------------------------------------------
     def read_image(self, path, mode: str = "RGB") -> torch.Tensor:
-        """:func:`srforge.data.images.read_image` of the file ``path``: uint8 [C, H, W] (a view of [H, W, C])."""
+        """:func:`srforge.data.images.read_image` of the file ``path``: uint8 [C, H, W] (contiguous, or a view of
+        [H, W, C] pixels for a channels-last cache or a scan just decoded)."""
         return self.read_file(path, f"image:{mode}", lambda: read_image(path, mode))
 
     def read_mask(self, path) -> torch.Tensor:
@@ -166,23 +177,25 @@ class DecodedCache:
     def read(self, source: list, stamp: list, decoding: str, decode: Callable[[], torch.Tensor]) -> torch.Tensor:
         """``decode()`` (an image [C, H, W] when ``decoding`` starts with ``image``, else a mask [H, W]) through
         the cache: ``source`` names what is decoded (JSON-able), ``stamp`` changes when it changes."""
-        name = hashlib.sha256(json.dumps([source, decoding]).encode()).hexdigest()
+        image = decoding.startswith("image")
+        layout = ("hwc" if self.channels_last else "chw") if image else None
+        name = hashlib.sha256(json.dumps([source, decoding, layout]).encode()).hexdigest()
         entry = self.root / name[:2] / f"{name}.npy"
         key = {
             "source": source,
             "stamp": stamp,
             "decoding": decoding,
+            "layout": layout,
             "version": DECODE_VERSION,
             "pil": PIL.__version__,
         }
-        image = decoding.startswith("image")
         found = load_entry(entry, key)
         if found is not None:
             pixels, said = found
             for message in said:
                 warnings.warn(message, DataWarning, stacklevel=3)
             tensor = torch.from_numpy(pixels)
-            return tensor.permute(2, 0, 1) if image else tensor
+            return tensor.permute(2, 0, 1) if layout == "hwc" else tensor
         caught: list = []
         try:
             with warnings.catch_warnings(record=True) as caught:
@@ -193,7 +206,7 @@ class DecodedCache:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         said = [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
         if self.stopped is None:
-            self.store(entry, key, (tensor.permute(1, 2, 0) if image else tensor).numpy(), said)
+            self.store(entry, key, (tensor.permute(1, 2, 0) if layout == "hwc" else tensor).numpy(), said)
         return tensor
 
     # -- writing ----------------------------------------------------------------------------------------
@@ -272,7 +285,8 @@ def load_entry(entry: Path, key: dict) -> tuple[np.ndarray, list[str]] | None:
         if not isinstance(stored, dict) or stored.get("key") != key:
             return None
         limit = Image.MAX_IMAGE_PIXELS
-        if limit is not None and shape[0] * shape[1] > limit:
+        height, width = shape[1:] if key.get("layout") == "chw" else shape[:2]
+        if limit is not None and height * width > limit:
             return None  # decoded again, so that PIL refuses it as a decompression bomb
         pixels = np.memmap(entry, dtype=dtype, mode="c", offset=offset, shape=shape)
     except (OSError, ValueError, TypeError):  # missing, unreadable, a damaged header or trailer
@@ -280,12 +294,12 @@ def load_entry(entry: Path, key: dict) -> tuple[np.ndarray, list[str]] | None:
     return pixels, [str(m) for m in stored.get("warnings", [])]
 
 
-def open_cache(cache, max_gb: float | None = None) -> DecodedCache | None:
-    """``cache`` as a DecodedCache: a folder path (``data.cache``) with the budget ``max_gb``, a DecodedCache as it
-    is, or None (no cache)."""
+def open_cache(cache, max_gb: float | None = None, channels_last: bool = False) -> DecodedCache | None:
+    """``cache`` as a DecodedCache: a folder path (``data.cache``) with the budget ``max_gb`` and the image layout
+    of ``channels_last``, a DecodedCache as it is, or None (no cache)."""
     if cache is None or isinstance(cache, DecodedCache):
         return cache
-    return DecodedCache(cache, max_gb)
+    return DecodedCache(cache, max_gb, channels_last)
 
 
 def cached_image(cache: DecodedCache | None, path, mode: str = "RGB") -> torch.Tensor:

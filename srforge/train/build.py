@@ -95,14 +95,22 @@ class Data:
     train_true_sizes: list | None = None
 
 
-def build_data(data: DataSection, *, num_classes: int, seed: int, run_dir: Path, depth: int | None = None) -> Data:
+def build_data(
+    data: DataSection,
+    *,
+    num_classes: int,
+    seed: int,
+    run_dir: Path,
+    depth: int | None = None,
+    channels_last: bool = False,
+) -> Data:
     """Both sides from the config's ``data`` section: a separate ``val_dataset``, or ``dataset`` split by size.
 
     Sizes are read once (file headers, or measured and cached in the run folder). Only the training side is
     augmented, and rescaled by ``data.augment.scale`` (the view's ``scale``; the torchvision steps are built from
     the rest of the recipe); both check every mask against ``num_classes`` and the ignore index. A model ``depth``
     whose divisor outgrows every scan (:func:`srforge.geometry.depth_problem`) is a ConfigError before any model
-    exists.
+    exists. ``channels_last`` (train.channels_last) is the layout the decoded-scan cache stores images in.
     """
     dataset = _build(data.dataset, "data.dataset.class")
     sizes = _sizes(dataset, data, "dataset", run_dir / "sizes_cache.json")
@@ -115,7 +123,8 @@ def build_data(data: DataSection, *, num_classes: int, seed: int, run_dir: Path,
     scale = scale_range(recipe.pop("scale")) if "scale" in recipe else None
     augment = build_augmentation(recipe, ignore_index=data.ignore_index) if recipe else None
     checks = {"num_classes": num_classes, "ignore_index": data.ignore_index}
-    checks["cache"] = open_cache(data.cache, data.cache_max_gb)  # data.cache: every view reads through it
+    # data.cache: every view reads through it, its images stored in the layout of the batch (train.channels_last)
+    checks["cache"] = open_cache(data.cache, data.cache_max_gb, channels_last)
     separate = data.val_dataset.class_ is not None
     train_idx, val_idx = train_val_indices(sizes, None if separate else data.val_fraction, seed)
     train = FieldView(dataset, data.fields, train_idx, augment=augment, seed=seed, **checks)

@@ -122,7 +122,8 @@ class Trainer:
         self.device = training_device(processes, cfg.run.device, tcfg.precision)
         seed_everything(seed)
         depth = cfg.model.depth if cfg.model.class_ in UNET_CLASSES else None  # others' divisors come from them
-        data = build_data(dcfg, num_classes=cfg.model.num_classes, seed=seed, run_dir=self.run_dir, depth=depth)
+        k, layout = cfg.model.num_classes, tcfg.channels_last
+        data = build_data(dcfg, num_classes=k, seed=seed, run_dir=self.run_dir, depth=depth, channels_last=layout)
         self.model, self.model_args = build_model(cfg.model, self.device, tcfg.channels_last, load_weights=ckpt is None)
         set_checkpointing(self.model, cfg.model.checkpointing)
         crop_training_scans(data, dcfg.crop, self.model.size_divisor)
