@@ -8,8 +8,9 @@ repeats):
   ``read_image`` (libjpeg-turbo for JPEG, pyspng or PIL without the copies for PNG), a cache hit (mapping the entry
   plus the collate's copy into a [C, H, W] batch slot) and the floor: copying the decoded bytes into that slot;
 - the training loader (SegmentationFolder through FieldView with the mask check, SizeGroupedBatchSampler,
-  AlignedCollate; 1 and 2 workers) in scans/s: today's code (both copies, ``torch.unique`` mask checks), epoch 1
-  and epoch 2 with ``data.cache``, and epoch 2 of a channels-last cache and collate (``train.channels_last``);
+  AlignedCollate; in the main process, 1 and 2 workers) in scans/s: today's code (both copies, ``torch.unique``
+  mask checks), epoch 1 and epoch 2 with ``data.cache``, and epoch 2 of a channels-last cache and collate
+  (``train.channels_last``);
 - prediction's host cost per scan: decoding plus the mask PNG, today's (PIL, level 6) against srforge's mask writer
   (:func:`srforge.predict.mask_png.gray_png`), and the bytes and milliseconds of every zlib level of PIL's writer
   on the scan's mask;
@@ -139,7 +140,7 @@ def loader_rate(root: Path, workers: int, cache, today: bool = False, channels_l
 def loader_rows(root: Path, scans: int) -> list[dict]:
     make_welllog_scans(root / "train", scans, scale=1.0, workers=1)
     rows = []
-    for workers in (1, 2):
+    for workers in (0, 1, 2):
         cache = DecodedCache(root / f"loader-cache-{workers}")
         today = loader_rate(root / "train", workers, None, today=True)
         first = loader_rate(root / "train", workers, cache)
@@ -201,11 +202,12 @@ def report(decode: list, loader: list, levels: list, predict: list) -> dict:
     print("\n| prediction host cost (decode + mask PNG) | today ms | new ms | new / today |\n| --- | --- | --- | --- |")
     for r in predict:
         print(f"| {r['scan']} | {r['today']:.1f} | {r['new']:.1f} | {r['ratio']:.2f}x |")
-    per_worker = loader[0]["epoch2"]
+    one = next(r for r in loader if r["workers"] == 1)
+    per_worker = one["epoch2"]
     gpu_ms = FLOPS_PER_PIXEL * MEAN_PIXELS / GPU_FLOPS * 1e3
     projection = {"scans_per_s_14_workers": 14 * per_worker, "gpu_ms_per_scan_estimate": gpu_ms}
     print(f"\nProjection (an estimate): 14 workers at epoch 2 deliver about {14 * per_worker:,.0f} scans/s (today "
-          f"{14 * loader[0]['today']:.0f}); a base-32 UNet step is about {gpu_ms:.0f} ms a mean full-size scan on an "
+          f"{14 * one['today']:.0f}); a base-32 UNet step is about {gpu_ms:.0f} ms a mean full-size scan on an "
           f"H200-class GPU ({FLOPS_PER_PIXEL / 1e6:.2f} MFLOP per padded pixel at {GPU_FLOPS / 1e12:.0f} TFLOP/s), "
           f"so the GPU takes about {1e3 / gpu_ms:.0f} scans/s.")  # fmt: skip
     return projection
