@@ -63,7 +63,7 @@ if [ -z "$DEVICE" ]; then
     STATUS=2
 else
     # -- tests/test_cuda.py --------------------------------------------------------------------------------------
-    run_step "test_cuda" 200 "$RESULTS/test_cuda.log" "$PY" -m pytest -s -q -p no:cacheprovider tests/test_cuda.py
+    run_step "test_cuda" 200 "$RESULTS/test_cuda.log" "$PY" -m pytest -n 0 -s -q -p no:cacheprovider tests/test_cuda.py
     # -o: with -s a test's print can follow pytest's progress dot on the same line (".FIGURE ...").
     FIG=$(grep -o 'FIGURE .*' "$RESULTS/test_cuda.log" | sed 's/^FIGURE //' | paste -sd ';' -)
     SUMMARY=$(grep -E '[0-9]+ (passed|failed|errors?|skipped)' "$RESULTS/test_cuda.log" | tail -n 1)
