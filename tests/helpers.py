@@ -1,11 +1,23 @@
 """Helpers shared by the tests: deep comparison, tiny images and masks written to disk."""
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Torch's intra-op threads set to ``count`` inside the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def same(a, b) -> bool:

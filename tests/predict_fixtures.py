@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import torch_threads
 from PIL import Image
 
 from srforge.models import UNet
@@ -78,10 +79,8 @@ def write_tar(path: Path, files: dict[str, bytes], links: dict[str, str] | None 
 def one_thread():
     """Torch on one thread for a test module: on a small shared machine a second OpenMP thread waiting for a busy
     core made tiny convs many times slower. Use as ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def output_files(out: Path) -> dict[str, bytes]:

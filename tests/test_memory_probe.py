@@ -4,6 +4,7 @@ weights' gradients, set the peak (srforge.runtime.memory.measure_step_memory). O
 
 import pytest
 import torch
+from helpers import torch_threads
 
 from srforge.models import UNet
 from srforge.runtime.memory import peak_bytes
@@ -60,10 +61,8 @@ def two_threads():
     """Two intra-op threads, as the probe was measured against real steps (the suite's workers run one). At one
     thread a step of LateGradient takes about half the bytes a pixel and the probe says 9-19% more than the real
     step's (94 against 79-86 B/px): an overestimate, the safe side of a memory budget."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(2):
+        yield
 
 
 def test_the_probe_measures_the_activations_cost_even_where_small_inputs_peak_at_the_gradients(two_threads):

@@ -7,6 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pytest
 import torch
+from helpers import torch_threads
 from predict_fixtures import members, png, random_checkpoint, write_zip
 
 from srforge.data.archive import ScanArchive
@@ -55,17 +56,13 @@ def test_tiny_scans_share_model_calls_and_decoding_tasks(tmp_path, ckpt, monkeyp
 def test_a_small_batch_runs_on_one_thread_and_a_big_one_on_all(ckpt):
     predictor = Predictor.from_checkpoint(ckpt, device="cpu")
     calls = counting_forward(predictor)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         small = [torch.from_numpy(np.zeros((12, 30, 3), np.uint8)).permute(2, 0, 1)] * 4
         big_side = int(ONE_THREAD_PIXELS**0.5) + 8  # one scan just over ONE_THREAD_PIXELS once aligned
         big = [torch.zeros(3, big_side, big_side, dtype=torch.uint8)]
         predictor.predict(small)
         predictor.predict(big)
         assert torch.get_num_threads() == 2  # restored after the small batch
-    finally:
-        torch.set_num_threads(threads)
     assert calls == [(4, 1), (1, 2)]
 
 
