@@ -79,6 +79,24 @@ def test_pinned_batches_keep_uint8_masks(bf16_run):
     assert batch.image.dtype == batch.mask.dtype == torch.uint8 and batch.is_batched
 
 
+def test_pinning_a_ring_batch_releases_its_slot(bf16_run):
+    """With pin_memory the trainer reads the pinned copies: Entry.pin_memory frees the worker's ring slot."""
+    from srforge.data.memory import BatchRing
+
+    tmp, _ = bf16_run
+    view = FieldView(SegmentationFolder(tmp / "data"), num_classes=2)
+    ring = BatchRing(2, slots=2)
+    collate = AlignedCollate(16, pad={"image": 0, "mask": 255})
+    batches = [list(range(i, i + 2)) for i in range(0, 16, 2)]
+    loader = torch.utils.data.DataLoader(
+        view, batch_sampler=batches, collate_fn=collate.with_ring(ring), num_workers=2, pin_memory=True
+    )
+    for indices, batch in zip(batches, list(loader)):  # all kept: only the pinning released the slots
+        want = collate([view[i] for i in indices])
+        assert batch.image.is_pinned() and torch.equal(batch.image, want.image) and torch.equal(batch.mask, want.mask)
+    assert int(ring.busy.count_nonzero()) == 0
+
+
 def test_fp16_with_grad_scaler(tmp_path):
     summary = train(_cfg(tmp_path, "fp16", precision="fp16", epochs=2))
     scaler = load_checkpoint(tmp_path / "fp16" / "last.pt")["scaler"]

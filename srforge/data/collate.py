@@ -13,6 +13,7 @@ with ``ignore_index`` skips the padding with no extra mask.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Hashable
 
@@ -21,7 +22,7 @@ import torch
 
 from srforge.constants import IGNORE_INDEX
 from srforge.data.entry import Entry, collate_field, collate_mappings, index_value
-from srforge.data.memory import new_batch_buffer
+from srforge.data.memory import BatchRing, new_batch_buffer
 from srforge.geometry import crop_to_sizes, divisor_pair, round_up
 
 
@@ -81,7 +82,9 @@ class AlignedCollate:
       (uint8 stays uint8), the sample in the top-left corner and the pad value everywhere else.
     - Every other field collates by the Entry rules.
 
-    Inside a DataLoader worker each padded field is one allocation in shared memory, written once.
+    Inside a DataLoader worker each padded field is one allocation in shared memory, written once; with a
+    :class:`srforge.data.memory.BatchRing` (:meth:`with_ring`) the worker reuses the buffers of batches the consumer
+    has released instead.
     """
 
     def __init__(
@@ -97,6 +100,13 @@ class AlignedCollate:
         if not self.pad:
             raise ValueError("AlignedCollate needs at least one field to pad, e.g. pad={'image': 0}.")
         self.sizes_key = sizes_key
+        self.ring: BatchRing | None = None
+
+    def with_ring(self, ring: BatchRing | None) -> AlignedCollate:
+        """A copy of this collate function that writes its padded fields into ``ring``'s buffers (None: fresh)."""
+        other = copy.copy(self)
+        other.ring = ring
+        return other
 
     def __repr__(self) -> str:
         last = ", channels_last=True" if self.channels_last else ""
@@ -115,6 +125,8 @@ class AlignedCollate:
                     f"AlignedCollate: {_sample_label(sample, i)} is a {type(sample).__name__}, but sample 0 is "
                     f"{type(samples[0]).__name__}; every sample of a batch must be an {kind}."
                 )
+        if self.ring is not None:
+            self.ring.start_batch()
         if positional:
             return self._collate_positional(samples)
         return self._collate_named(samples)
@@ -152,19 +164,25 @@ class AlignedCollate:
         dh, dw = self.divisor
         hp = max(round_up(h, dh) for h, _ in sizes)
         wp = max(round_up(w, dw) for _, w in sizes)
-        return {key: self._pad_stack(ts, sizes, hp, wp, pad[key]) for key, ts in tensors.items()}, sizes_t
+        padded = {key: self._pad_stack(ts, sizes, hp, wp, pad[key], i) for i, (key, ts) in enumerate(tensors.items())}
+        return padded, sizes_t
+
+    def _buffer(self, field: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """An uninitialised batch buffer for padded field number ``field``: from the ring where there is one."""
+        if self.ring is not None and like.device.type == "cpu":
+            return self.ring.buffer(field, shape, like.dtype)
+        return new_batch_buffer(shape, like.dtype, like.device)
 
     def _pad_stack(
-        self, tensors: list[torch.Tensor], sizes: list[tuple[int, int]], hp: int, wp: int, value: float
+        self, tensors: list[torch.Tensor], sizes: list[tuple[int, int]], hp: int, wp: int, value: float, field: int
     ) -> torch.Tensor:
         """``[B, ..., hp, wp]``: each sample top-left, ``value`` elsewhere; every element written once. With
         ``channels_last`` a ``[B, C, hp, wp]`` field is a view of a ``[B, hp, wp, C]`` buffer."""
         first = tensors[0]
         if self.channels_last and first.dim() == 3:
-            out = new_batch_buffer((len(tensors), hp, wp, first.shape[0]), first.dtype, first.device)
-            out = out.permute(0, 3, 1, 2)
+            out = self._buffer(field, (len(tensors), hp, wp, first.shape[0]), first).permute(0, 3, 1, 2)
         else:
-            out = new_batch_buffer((len(tensors), *first.shape[:-2], hp, wp), first.dtype, first.device)
+            out = self._buffer(field, (len(tensors), *first.shape[:-2], hp, wp), first)
         for slot, t, (h, w) in zip(out, tensors, sizes):
             slot[..., :h, :w].copy_(t)
             if w < wp:

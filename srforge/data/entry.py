@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from srforge.data.memory import new_batch_buffer
+from srforge.data.memory import new_batch_buffer, release_batch
 
 
 def _kind(value: Any) -> str:
@@ -329,8 +329,12 @@ class Entry(dict):
         return _map_tensors(self, lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self, device: Any = None) -> "Entry":
-        """A new Entry with every tensor in page-locked memory (``DataLoader(pin_memory=True)`` calls this)."""
-        return _map_tensors(self, lambda t: t.pin_memory())
+        """A new Entry with every tensor in page-locked memory (``DataLoader(pin_memory=True)`` calls this). The
+        batch buffers of a :class:`srforge.data.memory.BatchRing` that this Entry's tensors sit in are released:
+        the DataLoader hands on the copy."""
+        pinned = _map_tensors(self, lambda t: t.pin_memory())
+        release_batch(self)
+        return pinned
 
     # -- display -------------------------------------------------------------------------------
     def __repr__(self) -> str:

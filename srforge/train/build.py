@@ -17,7 +17,7 @@ import inspect
 import json
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from srforge.data.cache import open_cache
 from srforge.data.collate import AlignedCollate
 from srforge.data.crop import crop_shape, crop_sizes
 from srforge.data.loader import DataLoaderFactory
+from srforge.data.memory import BatchRing
 from srforge.data.rescale import epoch_sizes, scaled_size
 from srforge.data.sampling import SizeGroupedBatchSampler, train_val_indices, training_sampler
 from srforge.data.sizes import dataset_sizes
@@ -43,6 +44,9 @@ from srforge.runtime.distributed import Processes, environment
 
 # The keys srforge's UNet is built with; any other model.class takes the first two and model.args.
 MODEL_ARGS = ("in_channels", "num_classes", *UNET_KEYS)
+# Batches each training worker prepares ahead (DataLoader's prefetch_factor, its default); its ring of batch buffers
+# has two slots more: the batch the trainer holds, and one drawn before the last is released.
+PREFETCH = 2
 
 
 def single_process_device(name: str) -> torch.device:
@@ -246,16 +250,26 @@ class Loaders:
     val: DataLoader
 
     def epoch(self, epoch: int, skip: int = 0) -> DataLoader:
-        """This rank's training batches of ``epoch`` (fixed by the seed and the epoch), less the first ``skip``."""
+        """This rank's training batches of ``epoch`` (fixed by the seed and the epoch), less the first ``skip``.
+        Its workers collate into a :class:`BatchRing` of buffers that :meth:`batches` releases batch by batch."""
         self.sampler.set_epoch(epoch)
         self.train.set_epoch(epoch)
+        ring = BatchRing(self.num_workers, slots=PREFETCH + 2) if self.num_workers else None
         return DataLoaderFactory(
             self.train,
             batch_sampler=list(self.sampler)[skip:],
-            collate_fn=self.collate,
+            collate_fn=self.collate.with_ring(ring),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
+            prefetch_factor=PREFETCH if self.num_workers else None,
         ).get_loader()
+
+    @staticmethod
+    def batches(loader: DataLoader) -> Iterator:
+        """The batches of an :meth:`epoch` loader, each released to its worker's ring when the next is drawn (the
+        trainer reads no batch after drawing the next)."""
+        ring = getattr(loader.collate_fn, "ring", None)
+        return iter(loader) if ring is None else ring.batches(loader)
 
 
 def training_epoch_sizes(data: Data) -> Callable[[int], list] | None:

@@ -228,7 +228,7 @@ class Trainer:
         self.start_pass()
         self.call("before_epoch")
         self.net.train()
-        batches = iter(loader)
+        batches = self.loaders.batches(loader)
         while self.run_step(batches):
             self.call("after_step")
         del batches, loader  # the workers end before the hooks write files
