@@ -9,14 +9,15 @@ repeats):
   plus the collate's copy into a [C, H, W] batch slot) and the floor: copying the decoded bytes into that slot;
 - the training loader (SegmentationFolder through FieldView with the mask check, SizeGroupedBatchSampler,
   AlignedCollate; in the main process, 1 and 2 workers) in scans/s: today's code (both copies, ``torch.unique``
-  mask checks), epoch 1 and epoch 2 with ``data.cache``, and epoch 2 of a channels-last cache and collate
-  (``train.channels_last``);
+  mask checks), epoch 1 filling ``data.cache``, then epochs that read the cached folder ``--passes`` times: with a
+  fresh batch buffer for every batch (as before), with the trainer's BatchRing (workers reuse the buffers of released
+  batches), and with the ring and a channels-last cache and collate (``train.channels_last``);
 - prediction's host cost per scan: decoding plus the mask PNG, today's (PIL, level 6) against srforge's mask writer
   (:func:`srforge.predict.mask_png.gray_png`), and the bytes and milliseconds of every zlib level of PIL's writer
   on the scan's mask;
 - a projection for a 16-core machine (14 workers) against an estimated GPU step per scan.
 
-    python benchmarks/bench_loader.py [--scans 10] [--repeats 5] [--out benchmarks/results/bench_loader.json]
+    python benchmarks/bench_loader.py [--scans 10] [--repeats 5] [--passes 4] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import srforge.data.datasets as datasets  # noqa: E402
 from srforge.data.cache import DecodedCache  # noqa: E402
 from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.images import read_image, read_image_pil  # noqa: E402
+from srforge.data.memory import BatchRing  # noqa: E402
 from srforge.data.sampling import SizeGroupedBatchSampler  # noqa: E402
 from srforge.data.synthetic import make_welllog_scans, welllog_scan  # noqa: E402
 from srforge.predict.mask_png import gray_png  # noqa: E402
@@ -113,8 +115,11 @@ def decode_rows(files: dict, root: Path, repeats: int) -> list[dict]:
     return rows
 
 
-def loader_rate(root: Path, workers: int, cache, today: bool = False, channels_last: bool = False) -> float:
-    """Scans per second of one training epoch (batches of 2), from the first batch to the last."""
+def loader_rate(root: Path, workers: int, cache, today: bool = False, channels_last: bool = False,
+                ring: bool = False, passes: int = 1) -> float:
+    """Scans per second of one training epoch (batches of 2; the folder read ``passes`` times), from the first batch
+    to the last. ``ring``: the workers collate into a BatchRing and each batch is released when the next is drawn,
+    as the trainer does."""
     saved = (cache_module.read_image, datasets.invalid_mask_values, adapter.invalid_mask_values)
     if today:
         cache_module.read_image = today_read_image  # SegmentationFolder's reads go through cache_module
@@ -123,10 +128,10 @@ def loader_rate(root: Path, workers: int, cache, today: bool = False, channels_l
         folder = datasets.SegmentationFolder(root, num_classes=2)
         view = adapter.FieldView(folder, num_classes=2, cache=cache)
         sampler = SizeGroupedBatchSampler(folder.sizes(), batch_size=2, shuffle=True, seed=0)
-        loader = DataLoader(
-            view, batch_sampler=sampler, collate_fn=AlignedCollate(32, channels_last=channels_last), num_workers=workers
-        )
-        iterator = iter(loader)
+        buffers = BatchRing(workers, slots=4) if ring and workers else None
+        collate = AlignedCollate(32, channels_last=channels_last).with_ring(buffers)
+        loader = DataLoader(view, batch_sampler=list(sampler) * passes, collate_fn=collate, num_workers=workers)
+        iterator = iter(loader) if buffers is None else buffers.batches(loader)
         first = next(iterator)
         start, count = time.perf_counter(), 0
         for batch in iterator:
@@ -137,20 +142,23 @@ def loader_rate(root: Path, workers: int, cache, today: bool = False, channels_l
         cache_module.read_image, datasets.invalid_mask_values, adapter.invalid_mask_values = saved
 
 
-def loader_rows(root: Path, scans: int) -> list[dict]:
+def loader_rows(root: Path, scans: int, passes: int) -> list[dict]:
+    """Per worker count: today's epoch, epoch 1 filling the cache (one pass), then epochs of ``passes`` passes over
+    the cached folder: fresh batch buffers, the trainer's BatchRing, and the ring with a channels-last cache."""
     make_welllog_scans(root / "train", scans, scale=1.0, workers=1)
     rows = []
     for workers in (0, 1, 2):
         cache = DecodedCache(root / f"loader-cache-{workers}")
-        today = loader_rate(root / "train", workers, None, today=True)
-        first = loader_rate(root / "train", workers, cache)
-        second = loader_rate(root / "train", workers, cache)
+        row = {"workers": workers, "today": loader_rate(root / "train", workers, None, today=True)}
+        row["epoch1"] = loader_rate(root / "train", workers, cache)
+        row["epoch2"] = loader_rate(root / "train", workers, cache, passes=passes)
+        row["epoch2_ring"] = loader_rate(root / "train", workers, cache, ring=True, passes=passes)
         pixels = DecodedCache(root / f"loader-cache-{workers}-cl", channels_last=True)
         loader_rate(root / "train", workers, pixels, channels_last=True)  # fills the channels-last entries
-        last = loader_rate(root / "train", workers, pixels, channels_last=True)
-        rows.append(
-            {"workers": workers, "today": today, "epoch1": first, "epoch2": second, "epoch2_channels_last": last}
+        row["epoch2_ring_channels_last"] = loader_rate(
+            root / "train", workers, pixels, channels_last=True, ring=True, passes=passes
         )
+        rows.append(row)
     return rows
 
 
@@ -188,14 +196,14 @@ def report(decode: list, loader: list, levels: list, predict: list) -> dict:
     for r in decode:
         print(f"| {r['scan']} | {r['today']:.1f} | {r['new']:.1f} | {r['speedup']:.2f}x | {r['hit']:.2f} | "
               f"{r['floor']:.2f} | {r['hit_over_floor']:.2f}x |")  # fmt: skip
-    print(
-        "\n| workers | today scans/s | epoch 1 (cache filling) | epoch 2 (cache) | epoch 2, channels-last | x today |"
-    )
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n| workers | today scans/s | epoch 1 (cache filling) | epoch 2 (cache, fresh buffers) | epoch 2 (cache, "
+          "BatchRing) | epoch 2, ring, channels-last | ring x today |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in loader:
-        print(f"| {r['workers']} | {r['today']:.2f} | {r['epoch1']:.2f} | {r['epoch2']:.1f} | "
-              f"{r['epoch2_channels_last']:.1f} | {r['epoch2'] / r['today']:.1f}x "
-              f"(channels-last {r['epoch2_channels_last'] / r['today']:.1f}x) |")  # fmt: skip
+        print(f"| {r['workers']} | {r['today']:.2f} | {r['epoch1']:.2f} | {r['epoch2']:.1f} "
+              f"({r['epoch2'] / r['today']:.1f}x) | {r['epoch2_ring']:.1f} | {r['epoch2_ring_channels_last']:.1f} | "
+              f"{r['epoch2_ring'] / r['today']:.1f}x (channels-last "
+              f"{r['epoch2_ring_channels_last'] / r['today']:.1f}x) |")  # fmt: skip
     print("\n| mask PNG setting | bytes | ms |\n| --- | --- | --- |")
     for r in levels:
         print(f"| {r['setting']} | {r['bytes']:,} | {r['ms']:.1f} |")
@@ -203,7 +211,7 @@ def report(decode: list, loader: list, levels: list, predict: list) -> dict:
     for r in predict:
         print(f"| {r['scan']} | {r['today']:.1f} | {r['new']:.1f} | {r['ratio']:.2f}x |")
     one = next(r for r in loader if r["workers"] == 1)
-    per_worker = one["epoch2"]
+    per_worker = one["epoch2_ring"]
     gpu_ms = FLOPS_PER_PIXEL * MEAN_PIXELS / GPU_FLOPS * 1e3
     projection = {"scans_per_s_14_workers": 14 * per_worker, "gpu_ms_per_scan_estimate": gpu_ms}
     print(f"\nProjection (an estimate): 14 workers at epoch 2 deliver about {14 * per_worker:,.0f} scans/s (today "
@@ -217,6 +225,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scans", type=int, default=10, help="full-size scans in the training folder")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--passes", type=int, default=4, help="reads of the folder in a cached epoch (the ring's "
+                        "first slots are fresh buffers: a longer epoch measures it past them)")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/bench_loader.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -225,7 +235,7 @@ def main() -> None:
         files, mask = scan_files(root)
         decode = decode_rows(files, root, args.repeats)
         levels, predict = prediction_rows(files, mask, args.repeats)
-        loader = loader_rows(root, args.scans)
+        loader = loader_rows(root, args.scans, args.passes)
     projection = report(decode, loader, levels, predict)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -39,12 +39,9 @@ def header(tensor):
     return None if found is None else tuple(found[1:])
 
 
-def expected(indices):
-    return COLLATE([Scans()[i] for i in indices])
-
-
-def assert_same(batch, indices):
-    want = expected(indices)
+def assert_same(batch, indices, collate=COLLATE):
+    want = collate([Scans()[i] for i in indices])
+    assert batch.image.stride() == want.image.stride()  # the layout too: channels-last stays channels-last
     for key in ("image", "mask", "sizes"):
         assert torch.equal(batch[key], want[key]), (indices, key)
     assert batch.name == want.name
@@ -96,13 +93,14 @@ def test_outside_a_worker_the_ring_gives_plain_tensors():
         BatchRing(workers=0, slots=2)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_workers_reuse_released_buffers_and_every_batch_is_as_without_a_ring(workers):
+@pytest.mark.parametrize("workers, channels_last", [(1, False), (2, False), (2, True)])
+def test_workers_reuse_released_buffers_and_every_batch_is_as_without_a_ring(workers, channels_last):
     ring = BatchRing(workers, slots=4)
-    loader = DataLoader(Scans(), batch_sampler=BATCHES, collate_fn=COLLATE.with_ring(ring), num_workers=workers)
+    collate = AlignedCollate(8, pad={"image": 0, "mask": 255}, channels_last=channels_last)
+    loader = DataLoader(Scans(), batch_sampler=BATCHES, collate_fn=collate.with_ring(ring), num_workers=workers)
     seen = []
     for indices, batch in zip(BATCHES, ring.batches(loader)):
-        assert_same(batch, indices)
+        assert_same(batch, indices, collate)
         seen.append(header(batch.image))
     assert None not in seen  # a free slot at every batch
     slots = {h[1:3] for h in seen}
