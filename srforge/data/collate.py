@@ -125,11 +125,18 @@ class AlignedCollate:
                     f"AlignedCollate: {_sample_label(sample, i)} is a {type(sample).__name__}, but sample 0 is "
                     f"{type(samples[0]).__name__}; every sample of a batch must be an {kind}."
                 )
-        if self.ring is not None:
-            self.ring.start_batch()
-        if positional:
-            return self._collate_positional(samples)
-        return self._collate_named(samples)
+        if self.ring is None:
+            return self._collate_positional(samples) if positional else self._collate_named(samples)
+        self.ring.begin(enabled=isinstance(samples[0], Entry))  # an Entry batch carries its ticket
+        try:
+            batch = self._collate_positional(samples) if positional else self._collate_named(samples)
+        except BaseException:
+            self.ring.abandon()
+            raise
+        ticket = self.ring.ticket()
+        if ticket is not None:
+            batch._ring = ticket
+        return batch
 
     def _padded_fields(self, samples: list[Any], pad: Mapping[Hashable, float]) -> tuple[dict, torch.Tensor]:
         """Pad every field of ``pad``; returns (field -> [B, ..., Hp, Wp], sizes [B, 2])."""

@@ -201,12 +201,15 @@ class Entry(dict):
         batch[0].name                     # "scene_042", and batch[0].is_batched is False
     """
 
-    __slots__ = ("_is_batched", "_batch_size")
+    # _ring: the ticket of the shared-memory buffers a DataLoader worker collated this batch into
+    # (srforge.data.memory.BatchRing), None for any other Entry; never copied to a new Entry.
+    __slots__ = ("_is_batched", "_batch_size", "_ring")
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         super().__init__(*args, **fields)
         self._is_batched = False
         self._batch_size: int | None = None
+        self._ring: tuple | None = None
 
     # -- attribute access ---------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -330,8 +333,8 @@ class Entry(dict):
 
     def pin_memory(self, device: Any = None) -> "Entry":
         """A new Entry with every tensor in page-locked memory (``DataLoader(pin_memory=True)`` calls this). The
-        batch buffers of a :class:`srforge.data.memory.BatchRing` that this Entry's tensors sit in are released:
-        the DataLoader hands on the copy."""
+        batch buffers of a :class:`srforge.data.memory.BatchRing` this Entry holds are released: the DataLoader
+        hands on the copy."""
         pinned = _map_tensors(self, lambda t: t.pin_memory())
         release_batch(self)
         return pinned
