@@ -139,7 +139,7 @@ def spawn_tracker():
 
 
 def test_workers_started_by_spawn_use_the_ring_too(spawn_tracker):
-    ring = BatchRing(1, slots=3)
+    ring = BatchRing(1, slots=4)
     loader = DataLoader(
         Scans(), batch_sampler=BATCHES[:8], collate_fn=COLLATE.with_ring(ring), num_workers=1,
         multiprocessing_context="spawn",
