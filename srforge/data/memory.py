@@ -34,9 +34,17 @@ def new_batch_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.d
     """
     if get_worker_info() is None or torch.device(device).type != "cpu":
         return torch.empty(shape, dtype=dtype, device=device)
-    nbytes = math.prod(shape) * dtype.itemsize
-    storage = torch.UntypedStorage._new_shared(nbytes)
+    return _view(torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize), shape, dtype)
+
+
+def _view(storage: torch.UntypedStorage, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A ``shape`` tensor of ``dtype`` over the start of ``storage``."""
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+
+def _ticket(batch) -> tuple[int, int, int, int] | None:
+    """The ring ticket (ring id, worker, slot, use) an Entry batch holds; None for anything else."""
+    return getattr(batch, "_ring", None) if isinstance(batch, Mapping) else None
 
 
 class BatchRing:
@@ -109,7 +117,7 @@ class BatchRing:
         if storage is None or storage.nbytes() < nbytes:
             storage = torch.UntypedStorage._new_shared(math.ceil(nbytes * GROWTH))
             local["buffers"][key] = storage
-        return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+        return _view(storage, shape, dtype)
 
     def ticket(self) -> tuple[int, int, int, int] | None:
         """Worker side, at the end of a batch: (ring id, worker, slot, use) of the slot it took, None if none."""
@@ -117,7 +125,7 @@ class BatchRing:
         if local is None or local["slot"] is None:
             return None
         slot, local["slot"] = local["slot"], None
-        return self.id, local["id"], slot, int(self.busy[local["id"], slot])
+        return self.id, local["id"], slot, local["uses"]  # _take numbered this batch's use
 
     def abandon(self) -> None:
         """Worker side: the batch failed before it left the worker; its slot is free again."""
@@ -129,7 +137,7 @@ class BatchRing:
     def release(self, batch) -> bool:
         """Consumer side: free the slot ``batch`` (an Entry made with this ring) holds and clear its ticket; False
         for a batch without one (fresh buffers, another ring, released before)."""
-        ticket = getattr(batch, "_ring", None) if isinstance(batch, Mapping) else None
+        ticket = _ticket(batch)
         if ticket is None or ticket[0] != self.id:
             return False
         batch._ring = None
@@ -158,6 +166,6 @@ class BatchRing:
 def release_batch(batch) -> bool:
     """Free the ring slot that ``batch`` holds, whichever ring of this process made it (``Entry.pin_memory`` calls
     this once it has copied a batch); False for a batch that holds none."""
-    ticket = getattr(batch, "_ring", None) if isinstance(batch, Mapping) else None
+    ticket = _ticket(batch)
     ring = _RINGS.get(ticket[0]) if ticket is not None else None
     return ring is not None and ring.release(batch)
