@@ -38,16 +38,16 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import srforge.data.adapter as adapter  # noqa: E402
 import srforge.data.cache as cache_module  # noqa: E402
 import srforge.data.datasets as datasets  # noqa: E402
+import srforge.data.field_view as adapter  # noqa: E402
 from srforge.data.cache import DecodedCache  # noqa: E402
 from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.images import read_image, read_image_pil  # noqa: E402
 from srforge.data.memory import BatchRing  # noqa: E402
 from srforge.data.sampling import SizeGroupedBatchSampler  # noqa: E402
-from srforge.data.synthetic import make_welllog_scans, welllog_scan  # noqa: E402
 from srforge.predict.mask_png import gray_png  # noqa: E402
+from srforge.synthetic import make_welllog_scans, welllog_scan  # noqa: E402
 
 # An estimate, not a measurement: FLOPs of one padded pixel fwd+bwd for the base-32 UNet (docs/performance.md
 # measured 342.1 k for base 16; channels double, FLOPs about 4x), at a sustained bf16 rate of an H200-class GPU.

@@ -2,7 +2,8 @@
 
 For the padding-aware UNet (depth 5, 4 classes, Dice weight 1: configs/welllog.yaml's model at base 8, 16 and 32)
 in fp32 and bf16, with ``model.checkpointing`` off and on, it measures one training step (forward, loss, backward)
-with the trainer's own probe (:func:`srforge.train.memory.probe_memory`): bytes per padded pixel and the fixed part
+with the trainer's own probe (:func:`srforge.train.pixel_budget.probe_memory`): bytes per padded pixel and the fixed
+part
 (gradients, workspaces, and AdamW's state counted from the parameters). On the CPU the peaks come from the
 profiler's record of torch's CPU allocator, on CUDA from ``max_memory_allocated``; bytes per pixel is a ratio of
 two input sizes, so small inputs measure it. Then, from the measured model, the largest scan each common card (24,
@@ -49,9 +50,9 @@ from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.entry import Entry  # noqa: E402
 from srforge.models import UNet  # noqa: E402
 from srforge.runtime.device import autocast, resolve_device  # noqa: E402
-from srforge.runtime.memory import AUTO_FRACTION, auto_budget, free_memory, peak_bytes, planning_share  # noqa: E402
+from srforge.runtime.device_memory import AUTO_FRACTION, auto_budget, free_memory, peak_bytes, planning_share  # noqa: E402
 from srforge.train.losses import segmentation_loss  # noqa: E402
-from srforge.train.memory import probe_memory  # noqa: E402
+from srforge.train.pixel_budget import probe_memory  # noqa: E402
 
 CARDS_GB = (24, 48, 80, 141)
 CONTEXT_BYTES = 10**9  # what the CUDA context and the library kernels take on a card before training starts

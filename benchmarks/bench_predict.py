@@ -197,7 +197,7 @@ def tiled_vs_whole(archive_path: Path, base: int, device: str, scans: int) -> di
 
 def make_archives(work: Path, counts: list[int], scale: float) -> dict[int, Path]:
     """{n: a stored .zip of the first n of max(counts) synthetic scans} (PNGs are compressed already)."""
-    from srforge.data.synthetic import make_welllog_scans
+    from srforge.synthetic import make_welllog_scans
 
     paths = make_welllog_scans(
         work / "scans", max(counts), scale=scale, seed=0, classes="multiclass", workers=default_workers()

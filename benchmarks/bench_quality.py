@@ -54,8 +54,8 @@ from srforge.config import load_config  # noqa: E402
 from srforge.data.crop import crop_sizes  # noqa: E402
 from srforge.data.images import read_image, read_mask  # noqa: E402
 from srforge.data.layout_plot import batch_layout, waste  # noqa: E402
-from srforge.data.synthetic import make_welllog_scans  # noqa: E402
 from srforge.predict.predictor import Predictor  # noqa: E402
+from srforge.synthetic import make_welllog_scans  # noqa: E402
 from srforge.train import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from srforge.data.synthetic import make_welllog_scans, welllog_scan  # noqa: E402
-from srforge.data.synthetic.curves import formation, log_curve  # noqa: E402
+from srforge.synthetic import make_welllog_scans, welllog_scan  # noqa: E402
+from srforge.synthetic.curves import formation, log_curve  # noqa: E402
 
 
 def write_las(path: Path, samples: int = 20000) -> Path:

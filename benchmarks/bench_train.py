@@ -40,9 +40,9 @@ from srforge.config import resolve  # noqa: E402
 from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.datasets import SegmentationFolder  # noqa: E402
 from srforge.data.sampling import SizeGroupedBatchSampler  # noqa: E402
-from srforge.data.synthetic import make_welllog_scans  # noqa: E402
 from srforge.models import UNet  # noqa: E402
 from srforge.runtime.device import autocast, resolve_device  # noqa: E402
+from srforge.synthetic import make_welllog_scans  # noqa: E402
 from srforge.train import train  # noqa: E402
 from srforge.train.losses import segmentation_loss  # noqa: E402
 
@@ -127,8 +127,8 @@ def welllog_budget_step(device: torch.device, repeats: int = 3) -> dict:
     model = model.to(device)
     budget = data["max_pixels"]
     if budget == "auto":  # what the trainer derives on this device: the probe, then the free memory's share
-        from srforge.runtime.memory import auto_budget, free_memory, planning_share
-        from srforge.train.memory import probe_memory
+        from srforge.runtime.device_memory import auto_budget, free_memory, planning_share
+        from srforge.train.pixel_budget import probe_memory
 
         def loss(logits, mask):
             return segmentation_loss(logits, mask, data["ignore_index"], tcfg["dice_weight"])

@@ -61,8 +61,8 @@ from srforge.cli.evaluate import main_evaluate  # noqa: E402
 from srforge.config import load_config  # noqa: E402
 from srforge.config.schema import SyntheticSection  # noqa: E402
 from srforge.runtime.distributed import Processes  # noqa: E402
+from srforge.synthetic.prepare import prepare_synthetic_data  # noqa: E402
 from srforge.train import train  # noqa: E402
-from srforge.train.prepare import prepare_synthetic_data  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "quickstart.yaml"

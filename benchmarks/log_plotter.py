@@ -2,7 +2,7 @@
 
 It plots a LAS file's curves the way a logging plotter prints them -- drawn with matplotlib (Agg) at an exact pixel
 size -- and then degrades the print the way paper ages and a scanner reads it (numpy, PIL). It shares no code and
-no drawing decisions with ``srforge.data.synthetic``: benchmarks/bench_transfer.py trains on that generator and
+no drawing decisions with ``srforge.synthetic``: benchmarks/bench_transfer.py trains on that generator and
 tests on this renderer, so a model is scored on scans srforge did not draw.
 
 What a scan holds (everything drawn from numpy's generator seeded with (seed, i) alone, so a set is reproducible

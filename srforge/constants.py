@@ -14,7 +14,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 MAX_DEPTH = 16
 
 # srforge's own UNet, the default model.class; the other paths name the same class. Only it takes the UNet keys;
-# any other class takes in_channels, num_classes and model.args (srforge.train.build.model_kwargs).
+# any other class takes in_channels, num_classes and model.args (srforge.train.from_config.model_kwargs).
 UNET_CLASS = "srforge.models.unet:UNet"
 UNET_CLASSES = (UNET_CLASS, "srforge.models:UNet", "srforge:UNet")
 UNET_KEYS = ("base_channels", "depth", "max_channels", "padding_aware")

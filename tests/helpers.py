@@ -99,14 +99,15 @@ def stepping_trainer(run_dir: Path, dataset: str, *, num_classes: int = 2, field
         }
     )
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    from srforge.runtime.memory import StepMemory
-    from srforge.train import memory
+    from srforge.runtime.device_memory import StepMemory
+    from srforge.train import pixel_budget
 
-    real, memory.probe_memory = memory.probe_memory, lambda *args, **kw: StepMemory(500.0, 0.0, "cpu", "fp32")
+    real = pixel_budget.probe_memory
+    pixel_budget.probe_memory = lambda *args, **kw: StepMemory(500.0, 0.0, "cpu", "fp32")
     try:  # the probe is tested on its own (tests/test_memory.py): these trainers only step
         trainer = Trainer(cfg, environment(), Path(run_dir))
     finally:
-        memory.probe_memory = real
+        pixel_budget.probe_memory = real
     trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda s: 1.0)
     return trainer

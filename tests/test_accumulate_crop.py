@@ -16,16 +16,16 @@ from test_train import tiny_config
 from torch.utils.data import Dataset
 
 from srforge.config import ConfigError
-from srforge.data.adapter import FieldView
 from srforge.data.collate import AlignedCollate
 from srforge.data.crop import crop_shape, crop_sizes, crop_window, sample_seed
+from srforge.data.field_view import FieldView
 from srforge.models import UNet
 from srforge.runtime.checkpoint import load_checkpoint
+from srforge.runtime.device_memory import StepMemory
 from srforge.runtime.distributed import Processes
-from srforge.runtime.memory import StepMemory
-from srforge.train import memory as train_memory
+from srforge.train import pixel_budget as train_memory
 from srforge.train import train
-from srforge.train.build import Data, build_loaders, crop_training_scans
+from srforge.train.from_config import Data, build_loaders, crop_training_scans
 from srforge.train.losses import segmentation_loss
 
 CPU = torch.device("cpu")

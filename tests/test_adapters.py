@@ -17,7 +17,7 @@ from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
 from srforge.geometry import round_up
-from srforge.models.adapter import IMAGENET_MEAN, WeightsUnavailableError
+from srforge.models.library_adapter import IMAGENET_MEAN, WeightsUnavailableError
 from srforge.models.norms import NORM_OPTIONS, FrozenBatchNorm, MaskedNorm, NormAct, apply_norm
 from srforge.models.smp import SmpModel
 from srforge.models.tv_segmentation import TorchvisionModel
@@ -101,7 +101,7 @@ def test_smp_model_meets_the_contract():
 
 @needs_smp
 def test_smp_model_passes_srforges_own_contract_check():
-    from srforge.models.build import create_model
+    from srforge.models.create import create_model
 
     model = create_model("srforge.models.smp:SmpModel", {"in_channels": 3, "num_classes": 2}, norm="masked")
     assert model.size_divisor == 32 and count(model, BATCH_NORMS) == 0 and model.padding_aware
@@ -172,7 +172,7 @@ def test_a_download_that_fails_during_the_build_is_one_clear_error(monkeypatch):
     import segmentation_models_pytorch.encoders as smp_encoders
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    import srforge.models.adapter as adapter
+    import srforge.models.library_adapter as adapter
 
     def fail(*args, **kwargs):
         raise LocalEntryNotFoundError("An error happened while trying to locate the file on the Hub")

@@ -19,12 +19,12 @@ from torch import nn
 from srforge.cli import main_check_data, main_export, main_predict, main_train
 from srforge.config import ConfigError, resolve
 from srforge.models import UNet
-from srforge.models.build import create_model
 from srforge.models.contract import ImageOnly, check_model
+from srforge.models.create import create_model
 from srforge.models.weights import WeightsFile, load_weights
 from srforge.predict.predictor import Predictor
 from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from srforge.train.build import build_model
+from srforge.train.from_config import build_model
 from srforge.train.prepare import resume_checkpoint
 
 CALLED: list[str] = []  # what NotAModule and friends were called with: must stay empty
@@ -373,7 +373,7 @@ def test_training_loads_model_weights_at_a_fresh_start(tmp_path, capsys):
 # -- config ----------------------------------------------------------------------------------------------------
 def test_every_path_of_srforges_unet_names_the_unet():
     from srforge.constants import UNET_CLASSES
-    from srforge.models import build
+    from srforge.models import create as build
 
     assert {"srforge.models:UNet", "srforge:UNet"} <= set(UNET_CLASSES)
     assert all(build.import_class(path) is UNet for path in UNET_CLASSES)

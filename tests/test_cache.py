@@ -15,10 +15,10 @@ from PIL import Image
 import srforge.data.cache as cache_module
 from srforge.cli import main_check_data
 from srforge.config import ConfigError, resolve
-from srforge.data.adapter import FieldView
 from srforge.data.archive import ScanArchive
 from srforge.data.cache import MARKER, CacheWarning, DecodedCache, folder_bytes
 from srforge.data.datasets import SegmentationFolder
+from srforge.data.field_view import FieldView
 from srforge.data.images import DataError, DataWarning, read_image, read_mask
 
 

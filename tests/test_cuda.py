@@ -13,9 +13,9 @@ import torch.nn.functional as F
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")
 
 from srforge.config import resolve  # noqa: E402
-from srforge.data.adapter import FieldView  # noqa: E402
 from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.datasets import SegmentationFolder  # noqa: E402
+from srforge.data.field_view import FieldView  # noqa: E402
 from srforge.models import masked_group_norm  # noqa: E402
 from srforge.predict.predictor import Predictor  # noqa: E402
 from srforge.runtime.checkpoint import load_checkpoint  # noqa: E402
@@ -77,24 +77,6 @@ def test_pinned_batches_keep_uint8_masks(bf16_run):
     batch = next(iter(loader))
     assert batch.image.is_pinned() and batch.mask.is_pinned() and batch.sizes.is_pinned()
     assert batch.image.dtype == batch.mask.dtype == torch.uint8 and batch.is_batched
-
-
-def test_pinning_a_ring_batch_releases_its_slot(bf16_run):
-    """With pin_memory the trainer reads the pinned copies: Entry.pin_memory frees the worker's ring slot."""
-    from srforge.data.memory import BatchRing
-
-    tmp, _ = bf16_run
-    view = FieldView(SegmentationFolder(tmp / "data"), num_classes=2)
-    ring = BatchRing(2, slots=2)
-    collate = AlignedCollate(16, pad={"image": 0, "mask": 255})
-    batches = [list(range(i, i + 2)) for i in range(0, 16, 2)]
-    loader = torch.utils.data.DataLoader(
-        view, batch_sampler=batches, collate_fn=collate.with_ring(ring), num_workers=2, pin_memory=True
-    )
-    for indices, batch in zip(batches, list(loader)):  # all kept: only the pinning released the slots
-        want = collate([view[i] for i in indices])
-        assert batch.image.is_pinned() and torch.equal(batch.image, want.image) and torch.equal(batch.mask, want.mask)
-    assert int(ring.busy.count_nonzero()) == 0
 
 
 def test_fp16_with_grad_scaler(tmp_path):

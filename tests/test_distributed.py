@@ -58,7 +58,7 @@ def test_run_device_cpu_keeps_ranks_on_gloo_and_a_rank_without_its_own_gpu_is_re
 
 
 def test_single_process_on_cuda_n_binds_gpu_n(monkeypatch):
-    from srforge.train.build import single_process_device
+    from srforge.train.from_config import single_process_device
 
     bound = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -9,7 +9,7 @@ from torch.utils.data import Dataset
 
 from srforge.cli import main_train
 from srforge.config import ConfigError, resolve
-from srforge.data.adapter import FieldView
+from srforge.data.field_view import FieldView
 from srforge.data.images import DataError
 
 

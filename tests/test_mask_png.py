@@ -8,9 +8,9 @@ import pytest
 from PIL import Image
 
 import srforge.predict.mask_png as mask_png
-from srforge.data.synthetic import welllog_scan
 from srforge.predict.mask_png import gray_png
 from srforge.predict.outputs import read_complete, write_png
+from srforge.synthetic import welllog_scan
 
 
 def read_back(data: bytes) -> Image.Image:

@@ -15,16 +15,16 @@ from torch.utils.data import DataLoader
 
 from srforge.config import ConfigError, resolve
 from srforge.constants import CPU_PIXELS
-from srforge.data.adapter import FieldView
 from srforge.data.collate import AlignedCollate
+from srforge.data.field_view import FieldView
 from srforge.models import UNet
-from srforge.runtime import memory as mem
+from srforge.runtime import device_memory as mem
 from srforge.runtime.checkpoint import load_checkpoint
-from srforge.train import memory as train_memory
+from srforge.train import pixel_budget as train_memory
 from srforge.train import train
-from srforge.train.build import set_checkpointing
+from srforge.train.from_config import set_checkpointing
 from srforge.train.losses import segmentation_loss
-from srforge.train.memory import PixelBudget, ScanTooLargeError, probe_memory
+from srforge.train.pixel_budget import PixelBudget, ScanTooLargeError, probe_memory
 
 CPU = torch.device("cpu")
 FIELDS = {"image": "scan", "mask": "labels", "name": "id"}
@@ -205,9 +205,9 @@ def test_a_scan_that_cannot_fit_alone_is_named_before_training(tmp_path, monkeyp
 AGREE = """
 import os, sys
 import torch
-import srforge.train.memory as loop
+import srforge.train.pixel_budget as loop
 from srforge.models import UNet
-from srforge.runtime.memory import StepMemory
+from srforge.runtime.device_memory import StepMemory
 
 rank = int(os.environ["RANK"])
 # Rank 0 has 400 MB of RAM available, rank 1 only 240 MB: both must use rank 1's budget.

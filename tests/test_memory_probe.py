@@ -1,5 +1,5 @@
 """The probe's bytes per pixel against a real step's: measured at inputs large enough that the activations, not the
-weights' gradients, set the peak (srforge.runtime.memory.measure_step_memory). On the CPU from torch's allocator
+weights' gradients, set the peak (srforge.runtime.device_memory.measure_step_memory). On the CPU from torch's allocator
 (the profiler's record); on a GPU from max_memory_allocated (skipped without one)."""
 
 import pytest
@@ -7,9 +7,9 @@ import torch
 from helpers import torch_threads
 
 from srforge.models import UNet
-from srforge.runtime.memory import peak_bytes
+from srforge.runtime.device_memory import peak_bytes
 from srforge.train.losses import segmentation_loss
-from srforge.train.memory import probe_memory
+from srforge.train.pixel_budget import probe_memory
 
 CPU = torch.device("cpu")
 

@@ -122,7 +122,7 @@ def test_a_bad_safetensors_file_is_exit_2_naming_it(tmp_path, capsys, content):
 
 
 def test_pretrained_encoder_weights_offline_are_exit_2_saying_what_to_do(tmp_path, capsys, monkeypatch):
-    from srforge.models import adapter
+    from srforge.models import library_adapter as adapter
 
     monkeypatch.setattr(adapter, "reachable", lambda url, timeout=3.0: False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -136,7 +136,7 @@ def test_pretrained_encoder_weights_offline_are_exit_2_saying_what_to_do(tmp_pat
 
 
 def test_the_cpu_allocators_failure_counts_as_out_of_memory():
-    from srforge.runtime.memory import is_out_of_memory
+    from srforge.runtime.device_memory import is_out_of_memory
 
     text = "[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate"
     assert is_out_of_memory(RuntimeError(text + " 8589934592 bytes. Error code 12 (Cannot allocate memory)"))
@@ -165,8 +165,8 @@ def test_out_of_memory_in_the_memory_probe_is_exit_2_with_what_to_do(tmp_path, c
 
 def test_a_scan_too_large_even_alone_is_exit_3_with_last_pt(tmp_path, capsys, monkeypatch):
     from srforge.models import UNet
-    from srforge.runtime.memory import StepMemory
-    from srforge.train import memory as train_memory
+    from srforge.runtime.device_memory import StepMemory
+    from srforge.train import pixel_budget as train_memory
 
     real = UNet.forward
 

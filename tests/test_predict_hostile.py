@@ -15,7 +15,7 @@ from predict_fixtures import members, png, random_checkpoint, scan, write_folder
 
 from srforge.cli import main_predict
 from srforge.predict.predictor import Predictor
-from srforge.runtime.memory import budget_from_memory
+from srforge.runtime.device_memory import budget_from_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -204,7 +204,7 @@ def test_the_cuda_budget_is_free_memory_over_bytes_per_pixel():
 
 
 def test_the_cuda_budget_is_capped_and_shared_by_the_processes_on_one_device(monkeypatch):
-    from srforge.runtime import memory as dev
+    from srforge.runtime import device_memory as dev
 
     monkeypatch.setattr(dev, "activation_bytes_per_pixel", lambda *args: 1.0)  # a probe that saw almost nothing
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)

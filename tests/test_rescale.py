@@ -12,10 +12,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from srforge.config import ConfigError, resolve
 from srforge.constants import IGNORE_INDEX
-from srforge.data.adapter import FieldView
 from srforge.data.augment import build_augmentation, check_recipe
 from srforge.data.collate import AlignedCollate
 from srforge.data.crop import crop_sizes, sample_seed
+from srforge.data.field_view import FieldView
 from srforge.data.rescale import (
     area_coverage,
     epoch_sizes,
@@ -26,7 +26,7 @@ from srforge.data.rescale import (
 )
 from srforge.data.sampling import SizeGroupedBatchSampler, aligned_sizes, training_sampler
 from srforge.runtime.distributed import Processes
-from srforge.train.build import Data, build_data, build_loaders, crop_training_scans, training_epoch_sizes
+from srforge.train.from_config import Data, build_data, build_loaders, crop_training_scans, training_epoch_sizes
 
 CPU = torch.device("cpu")
 

@@ -9,9 +9,9 @@ import pytest
 from srforge.cli import main_make_synthetic
 from srforge.config import resolve
 from srforge.data.datasets import SegmentationFolder, check_folder
-from srforge.data.synthetic import curve_look, make_welllog_scans, scan_scale, style_columns, welllog_scan
 from srforge.runtime.distributed import Processes
-from srforge.train.prepare import prepare_synthetic_data
+from srforge.synthetic import curve_look, make_welllog_scans, scan_scale, style_columns, welllog_scan
+from srforge.synthetic.prepare import prepare_synthetic_data
 
 SMALL = 1 / 16
 
@@ -96,7 +96,7 @@ def test_bytes_do_not_depend_on_the_number_of_workers(tmp_path):
 
 
 def test_only_missing_completes_a_set_cut_short(tmp_path):
-    from srforge.data.synthetic import missing_scans
+    from srforge.synthetic import missing_scans
 
     full = _bytes(make_welllog_scans(tmp_path / "full", 4, scale=SMALL, workers=1)[0].parents[1])
     cut = tmp_path / "cut"

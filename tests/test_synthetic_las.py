@@ -8,7 +8,9 @@ import pytest
 
 from srforge.cli import main_make_synthetic
 from srforge.config import ConfigError, resolve
-from srforge.data.synthetic import (
+from srforge.extras import MissingExtraError
+from srforge.runtime.distributed import Processes
+from srforge.synthetic import (
     LasError,
     curve_look,
     draw_style,
@@ -19,13 +21,11 @@ from srforge.data.synthetic import (
     scan_layers,
     welllog_scan,
 )
-from srforge.data.synthetic.curves import track_positions, track_scale
-from srforge.data.synthetic.draw import PlottedCurve, curve_coverage
-from srforge.data.synthetic.las import is_logarithmic, las_window
-from srforge.data.synthetic.scan import plot_curves
-from srforge.extras import MissingExtraError
-from srforge.runtime.distributed import Processes
-from srforge.train.prepare import prepare_synthetic_data
+from srforge.synthetic.curves import track_positions, track_scale
+from srforge.synthetic.draw import PlottedCurve, curve_coverage
+from srforge.synthetic.las import is_logarithmic, las_window
+from srforge.synthetic.prepare import prepare_synthetic_data
+from srforge.synthetic.scan import plot_curves
 
 lasio = pytest.importorskip("lasio", reason="the las extra (lasio) writes and reads the tests' LAS files")
 

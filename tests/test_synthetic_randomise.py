@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from srforge.config import resolve
-from srforge.data.synthetic import (
+from srforge.runtime.distributed import Processes
+from srforge.synthetic import (
     SETTINGS_FILE,
     Scanner,
     draw_style,
@@ -18,9 +19,8 @@ from srforge.data.synthetic import (
     scan_layers,
     welllog_scan,
 )
-from srforge.data.synthetic.degrade import skew
-from srforge.runtime.distributed import Processes
-from srforge.train.prepare import prepare_synthetic_data
+from srforge.synthetic.degrade import skew
+from srforge.synthetic.prepare import prepare_synthetic_data
 from tests.test_synthetic_las import write_las
 
 EIGHTH = 1 / 8
@@ -62,7 +62,7 @@ def test_inks_include_grey_and_colour_and_widths_span_one_to_four_px():
     grey = spread < 1
     assert (grey & (inks.mean(axis=1) > 60)).any() and (inks.max(axis=1) < 50).any()  # grey, near-black
     assert (spread > 60).mean() > 0.1  # colours
-    from srforge.data.synthetic import curve_look
+    from srforge.synthetic import curve_look
 
     widths = {curve_look(np.random.default_rng(k), EIGHTH, True).width for k in range(200)}
     assert widths == {1, 2, 3, 4}

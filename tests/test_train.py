@@ -283,7 +283,7 @@ def test_two_processes_with_torchrun_gloo(tmp_path):
 
 SLOW_GENERATOR = """
 import os, sys, time
-import srforge.data.synthetic as synthetic
+import srforge.synthetic as synthetic
 
 real = synthetic.make_welllog_scans
 
@@ -369,8 +369,8 @@ def test_train_and_validation_loss_are_the_same_quantity_on_the_same_batch(tmp_p
     from helpers import run_pass, stepping_trainer
     from torch.utils.data import DataLoader
 
-    from srforge.data.adapter import FieldView
     from srforge.data.collate import AlignedCollate
+    from srforge.data.field_view import FieldView
 
     fields = {"image": "scan", "mask": "labels", "name": "id"}
     view = FieldView(TinyStrips(n=3), fields, num_classes=2)
@@ -398,7 +398,7 @@ def test_compile_goes_inside_ddp_and_matches_eager_gradients(tmp_path, monkeypat
     from torch.nn.parallel import DistributedDataParallel
 
     from srforge.models import UNet
-    from srforge.train.build import wrap_for_training
+    from srforge.train.from_config import wrap_for_training
 
     real_compile = torch.nn.Module.compile
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: real_compile(self, backend="aot_eager", **kw))

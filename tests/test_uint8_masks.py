@@ -11,9 +11,9 @@ from torch.utils.data._utils.pin_memory import pin_memory
 
 import srforge.train.trainer as epoch
 from srforge.config import resolve
-from srforge.data.adapter import FieldView
 from srforge.data.augment import build_augmentation
 from srforge.data.collate import AlignedCollate
+from srforge.data.field_view import FieldView
 from srforge.train import train
 
 EVERY_STEP = {

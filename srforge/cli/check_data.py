@@ -180,7 +180,7 @@ def _model_divisor(parser: argparse.ArgumentParser, cfg) -> int:
     import torch
 
     from srforge.extras import MissingExtraError
-    from srforge.train.build import build_model
+    from srforge.train.from_config import build_model
 
     try:
         model, _ = build_model(cfg.model, torch.device("cpu"), channels_last=False, load_weights=False)

@@ -47,7 +47,7 @@ def _stopped_by_system() -> tuple[type[BaseException], ...]:
     DataLoader worker, a scan whose step does not fit the device even alone (last.pt is written for both)."""
     found = []
     stops = (("srforge.train.stop", "WorkerLostError"), ("srforge.train.stop", "PeerLostError"))
-    for module, name in (*stops, ("srforge.train.memory", "ScanTooLargeError")):
+    for module, name in (*stops, ("srforge.train.pixel_budget", "ScanTooLargeError")):
         loaded = sys.modules.get(module)
         if loaded is not None:
             found.append(getattr(loaded, name))

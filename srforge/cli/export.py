@@ -42,7 +42,7 @@ def main_export(argv=None) -> int:
     from srforge.config.trust import check_checkpoint_model
     from srforge.export.onnx import EXTRA, TOLERANCE, OnnxCheckError, check_onnx, export_onnx, require, takes_sizes
     from srforge.extras import MissingExtraError
-    from srforge.models.build import import_class
+    from srforge.models.create import import_class
     from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint
 
     parser = argparse.ArgumentParser(prog=PROG, description=main_export.__doc__)

@@ -9,8 +9,8 @@ import time
 
 def main_make_synthetic(argv=None) -> int:
     """Write synthetic well-log scans: OUT/images/*.png and OUT/masks/*.png."""
-    from srforge.data.synthetic import CLASSES, LasError, make_welllog_scans
     from srforge.extras import MissingExtraError
+    from srforge.synthetic import CLASSES, LasError, make_welllog_scans
 
     parser = argparse.ArgumentParser(prog="make_synthetic", description=main_make_synthetic.__doc__)
     parser.add_argument("out_dir", help="folder to write images/ and masks/ into")

@@ -41,7 +41,7 @@ def check_dataset(spec: Mapping[str, Any], key: str, generated_root: str | None 
 
 def check_model_class(spec: str) -> None:
     """``model.class`` imports, and is an nn.Module subclass (nothing else is ever called)."""
-    from srforge.models.build import model_class
+    from srforge.models.create import model_class
 
     try:
         model_class(spec, lambda path: import_object(path, "model.class"))

@@ -13,7 +13,6 @@ with ``ignore_index`` skips the padding with no extra mask.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Hashable
 
@@ -21,8 +20,8 @@ import numpy as np
 import torch
 
 from srforge.constants import IGNORE_INDEX
+from srforge.data.batch_buffer import new_batch_buffer
 from srforge.data.entry import Entry, collate_field, collate_mappings, index_value
-from srforge.data.memory import BatchRing, new_batch_buffer
 from srforge.geometry import crop_to_sizes, divisor_pair, round_up
 
 
@@ -82,9 +81,7 @@ class AlignedCollate:
       (uint8 stays uint8), the sample in the top-left corner and the pad value everywhere else.
     - Every other field collates by the Entry rules.
 
-    Inside a DataLoader worker each padded field is one allocation in shared memory, written once; with a
-    :class:`srforge.data.memory.BatchRing` (:meth:`with_ring`) the worker reuses the buffers of batches the consumer
-    has released instead.
+    Inside a DataLoader worker each padded field is one allocation in shared memory, written once.
     """
 
     def __init__(
@@ -100,13 +97,6 @@ class AlignedCollate:
         if not self.pad:
             raise ValueError("AlignedCollate needs at least one field to pad, e.g. pad={'image': 0}.")
         self.sizes_key = sizes_key
-        self.ring: BatchRing | None = None
-
-    def with_ring(self, ring: BatchRing | None) -> AlignedCollate:
-        """A copy of this collate function that writes its padded fields into ``ring``'s buffers (None: fresh)."""
-        other = copy.copy(self)
-        other.ring = ring
-        return other
 
     def __repr__(self) -> str:
         last = ", channels_last=True" if self.channels_last else ""
@@ -125,18 +115,7 @@ class AlignedCollate:
                     f"AlignedCollate: {_sample_label(sample, i)} is a {type(sample).__name__}, but sample 0 is "
                     f"{type(samples[0]).__name__}; every sample of a batch must be an {kind}."
                 )
-        if self.ring is None:
-            return self._collate_positional(samples) if positional else self._collate_named(samples)
-        self.ring.begin(enabled=isinstance(samples[0], Entry))  # an Entry batch carries its ticket
-        try:
-            batch = self._collate_positional(samples) if positional else self._collate_named(samples)
-        except BaseException:
-            self.ring.abandon()
-            raise
-        ticket = self.ring.ticket()
-        if ticket is not None:
-            batch._ring = ticket
-        return batch
+        return self._collate_positional(samples) if positional else self._collate_named(samples)
 
     def _padded_fields(self, samples: list[Any], pad: Mapping[Hashable, float]) -> tuple[dict, torch.Tensor]:
         """Pad every field of ``pad``; returns (field -> [B, ..., Hp, Wp], sizes [B, 2])."""
@@ -171,25 +150,20 @@ class AlignedCollate:
         dh, dw = self.divisor
         hp = max(round_up(h, dh) for h, _ in sizes)
         wp = max(round_up(w, dw) for _, w in sizes)
-        padded = {key: self._pad_stack(ts, sizes, hp, wp, pad[key], i) for i, (key, ts) in enumerate(tensors.items())}
+        padded = {key: self._pad_stack(ts, sizes, hp, wp, pad[key]) for key, ts in tensors.items()}
         return padded, sizes_t
 
-    def _buffer(self, field: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        """An uninitialised batch buffer for padded field number ``field``: from the ring where there is one."""
-        if self.ring is not None and like.device.type == "cpu":
-            return self.ring.buffer(field, shape, like.dtype)
-        return new_batch_buffer(shape, like.dtype, like.device)
-
     def _pad_stack(
-        self, tensors: list[torch.Tensor], sizes: list[tuple[int, int]], hp: int, wp: int, value: float, field: int
+        self, tensors: list[torch.Tensor], sizes: list[tuple[int, int]], hp: int, wp: int, value: float
     ) -> torch.Tensor:
         """``[B, ..., hp, wp]``: each sample top-left, ``value`` elsewhere; every element written once. With
         ``channels_last`` a ``[B, C, hp, wp]`` field is a view of a ``[B, hp, wp, C]`` buffer."""
         first = tensors[0]
         if self.channels_last and first.dim() == 3:
-            out = self._buffer(field, (len(tensors), hp, wp, first.shape[0]), first).permute(0, 3, 1, 2)
+            shape = (len(tensors), hp, wp, first.shape[0])
+            out = new_batch_buffer(shape, first.dtype, first.device).permute(0, 3, 1, 2)
         else:
-            out = self._buffer(field, (len(tensors), *first.shape[:-2], hp, wp), first)
+            out = new_batch_buffer((len(tensors), *first.shape[:-2], hp, wp), first.dtype, first.device)
         for slot, t, (h, w) in zip(out, tensors, sizes):
             slot[..., :h, :w].copy_(t)
             if w < wp:

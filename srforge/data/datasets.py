@@ -57,7 +57,7 @@ class SegmentationFolder(torch.utils.data.Dataset):
     mask value >= num_classes other than ``ignore_index`` an error. ``transform`` (optional) maps the
     Entry, e.g. an augmentation. Missing partners are reported all at once on construction. ``cache`` (optional):
     a decoded-scan cache folder or :class:`srforge.data.cache.DecodedCache` every image and mask is read through;
-    left None, ``data.cache`` fills it in (:class:`srforge.data.adapter.FieldView`).
+    left None, ``data.cache`` fills it in (:class:`srforge.data.field_view.FieldView`).
     """
 
     def __init__(

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from srforge.data.memory import new_batch_buffer, release_batch
+from srforge.data.batch_buffer import new_batch_buffer
 
 
 def _kind(value: Any) -> str:
@@ -201,15 +201,12 @@ class Entry(dict):
         batch[0].name                     # "scene_042", and batch[0].is_batched is False
     """
 
-    # _ring: the ticket of the shared-memory buffers a DataLoader worker collated this batch into
-    # (srforge.data.memory.BatchRing), None for any other Entry; never copied to a new Entry.
-    __slots__ = ("_is_batched", "_batch_size", "_ring")
+    __slots__ = ("_is_batched", "_batch_size")
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         super().__init__(*args, **fields)
         self._is_batched = False
         self._batch_size: int | None = None
-        self._ring: tuple | None = None
 
     # -- attribute access ---------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -332,12 +329,8 @@ class Entry(dict):
         return _map_tensors(self, lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self, device: Any = None) -> "Entry":
-        """A new Entry with every tensor in page-locked memory (``DataLoader(pin_memory=True)`` calls this). The
-        batch buffers of a :class:`srforge.data.memory.BatchRing` this Entry holds are released: the DataLoader
-        hands on the copy."""
-        pinned = _map_tensors(self, lambda t: t.pin_memory())
-        release_batch(self)
-        return pinned
+        """A new Entry with every tensor in page-locked memory (``DataLoader(pin_memory=True)`` calls this)."""
+        return _map_tensors(self, lambda t: t.pin_memory())
 
     # -- display -------------------------------------------------------------------------------
     def __repr__(self) -> str:

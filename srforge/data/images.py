@@ -282,7 +282,7 @@ def read_mask(path) -> torch.Tensor:
 
     8-bit masks (grayscale, palette, bilevel) give uint8, which holds up to 255 classes with 255 as the ignore
     value and moves an eighth of int64's bytes through workers, shared memory and the host-to-device copy;
-    16- and 32-bit masks give int64. :class:`srforge.data.adapter.FieldView` gives every mask of a dataset one
+    16- and 32-bit masks give int64. :class:`srforge.data.field_view.FieldView` gives every mask of a dataset one
     dtype.
     """
     path = Path(path)

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from srforge.atomic import atomic_write_text
-from srforge.data.adapter import FieldView
+from srforge.data.field_view import FieldView
 from srforge.data.images import DataError, read_size
 from srforge.data.naming import posix_name
 

@@ -6,9 +6,9 @@ arguments, the norm option and a weights file) and ``weights`` (state-dict files
 
 from srforge.constants import UNET_CLASS
 from srforge.geometry import level_mask
-from srforge.models.build import create_model, import_class, model_class
 from srforge.models.class_map import class_map
 from srforge.models.contract import ImageOnly, check_model, takes_sizes, with_sizes
+from srforge.models.create import create_model, import_class, model_class
 from srforge.models.group_norm import GroupNorm2d, group_count, masked_group_norm
 from srforge.models.unet import UNet
 from srforge.models.weights import WeightsFile, load_weights, read_state_dict

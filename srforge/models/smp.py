@@ -6,7 +6,7 @@ normalisation inside the model, so that a checkpoint alone configures prediction
 float tensor and return logits; :class:`SmpModel` adds the rest.
 
 What every adapter shares (normalisation buffers, the padded input, failing at once without weights) lives in
-:mod:`srforge.models.adapter`.
+:mod:`srforge.models.library_adapter`.
 
 smp is imported lazily (:func:`import_smp`), so srforge runs without it: ``pip install -e ".[smp]"`` adds it.
 """
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from srforge.extras import MissingExtraError
-from srforge.models.adapter import (
+from srforge.models.library_adapter import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     WeightsUnavailableError,

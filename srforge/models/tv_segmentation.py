@@ -9,7 +9,7 @@ import typing
 import torch
 from torch import nn
 
-from srforge.models.adapter import (
+from srforge.models.library_adapter import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     WeightsUnavailableError,
@@ -110,7 +110,7 @@ class TorchvisionModel(nn.Module):
     positions shift with the amount of padding. H and W that are not multiples are a ValueError naming it.
 
     Normalisation: uint8 -> x / 255, float as [0, 1], then (x - mean) / std with ImageNet ``mean``/``std``
-    buffers (cycled or averaged for other channel counts, see srforge.models.adapter.channel_stats), padded
+    buffers (cycled or averaged for other channel counts, see srforge.models.library_adapter.channel_stats), padded
     positions set to 0 when ``sizes`` is given.
 
     forward(image [B, C, Hp, Wp] uint8 | float, sizes [B, 2] int64 | None) -> logits [B, K, Hp, Wp].

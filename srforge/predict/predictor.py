@@ -36,7 +36,7 @@ from srforge.predict.tiling import predict_tiled, tile_grid, tile_shape
 from srforge.predict.tta import flip_probabilities, tta_mode
 from srforge.runtime.checkpoint import class_names_or_default, load_checkpoint, model_from_checkpoint
 from srforge.runtime.device import autocast, resolve_device
-from srforge.runtime.memory import cuda_pixel_budget, is_out_of_memory, processes_per_device
+from srforge.runtime.device_memory import cuda_pixel_budget, is_out_of_memory, processes_per_device
 
 # Padded pixels per batch on the CPU: srforge.constants.CPU_PIXELS (a full-scale 640 x 6,400 scan fits; wider ones
 # are tiled). On CUDA the default comes from the device: half its free memory over the model's bytes per pixel.
@@ -121,7 +121,7 @@ class Predictor:
     ``predict(images)`` -> class maps; ``probabilities(images)`` -> softmax maps; both take a list of scans
     [C, H, W] (uint8 0..255, or float 0..1) and return one result a scan at its exact (H, W), computed in
     size-grouped batches of at most ``max_pixels`` padded pixels (default: CPU_PIXELS on CPU; on CUDA
-    measured from the device and the model, see :func:`srforge.runtime.memory.cuda_pixel_budget`).
+    measured from the device and the model, see :func:`srforge.runtime.device_memory.cuda_pixel_budget`).
     A scan whose aligned size alone exceeds the budget is tiled, tiles overlapping by ``overlap`` px
     (default 4 * size_divisor). ``max_batch`` caps scans per batch (:func:`batch_cap`; "auto" on CPU:
     batches of at most CPU_BATCH_PIXELS, :func:`batch_pixels`). ``precision``: fp32,

@@ -7,8 +7,8 @@ Submodules: ``device`` (choosing a device, autocast), ``memory`` (bytes per pixe
 
 from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from srforge.runtime.device import autocast, resolve_device
+from srforge.runtime.device_memory import cuda_pixel_budget
 from srforge.runtime.distributed import Processes, environment
-from srforge.runtime.memory import cuda_pixel_budget
 
 __all__ = [
     "Processes",

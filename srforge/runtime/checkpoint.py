@@ -32,8 +32,8 @@ import torch
 from srforge.atomic import atomic_write
 from srforge.constants import NORMS, UNET_CLASS
 from srforge.limits import MAX_CHECKPOINT_CONFIG, class_names_problem, expanded_size, object_parts, object_weight
-from srforge.models.build import Resolver, create_model, import_class, is_srforge_path
 from srforge.models.contract import class_name
+from srforge.models.create import Resolver, create_model, import_class, is_srforge_path
 
 FORMAT = "srforge-checkpoint"
 VERSION = 1
@@ -109,7 +109,7 @@ def model_from_checkpoint(
 ) -> torch.nn.Module:
     """The model a checkpoint describes, rebuilt from the checkpoint alone, its weights and buffers loaded, in eval
     mode on the CPU: ``model_class`` (srforge's UNet when absent), ``model_args`` and ``model_norm`` through
-    :func:`srforge.models.build.create_model`, then the ``model`` state_dict.
+    :func:`srforge.models.create.create_model`, then the ``model`` state_dict.
 
     Only srforge's own classes are imported unless the class is in ``allowed``: the caller checks the others
     first (:func:`srforge.config.trust.check_checkpoint_model`, as Predictor.from_checkpoint and srforge-export do),

@@ -8,9 +8,9 @@ user's own), ``stop`` (signals held while last.pt is written, a killed DataLoade
 TensorBoard, the console), and ``rng``, ``losses``, ``metrics``.
 """
 
-from srforge.train.build import build_data
+from srforge.train.from_config import build_data
 from srforge.train.hooks import EarlyStopHook, EMAHook, Hook
-from srforge.train.memory import PixelBudget, ScanTooLargeError
+from srforge.train.pixel_budget import PixelBudget, ScanTooLargeError
 from srforge.train.prepare import RunExistsError
 from srforge.train.run import train
 from srforge.train.stop import WorkerLostError

@@ -1,8 +1,8 @@
-"""Before the process group starts: the resume checkpoint checked, the run folder claimed, the synthetic data there.
+"""Before the process group starts: the resume checkpoint checked, the run folder claimed.
 
 Each step here either fails before anything is written (a resume that would change the model, a run folder that
 holds another run) or is work a rank does alone, without a collective waiting on it (the run folder: the main
-process; synthetic data: one process per machine), so that ``train.dist_timeout_s`` bounds only the collectives
+process), so that ``train.dist_timeout_s`` bounds only the collectives
 that follow.
 
 The run folder is one run's: :func:`claim_run_dir` holds it with a :class:`srforge.locks.FolderLock` for the
@@ -17,7 +17,6 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,12 +24,11 @@ from typing import Any
 
 from srforge.atomic import DiskFullError, atomic_write_text, disk_full_names, remove_stale_temporaries
 from srforge.config import ConfigError, dump
-from srforge.config.schema import Config, ModelSection, SyntheticSection
+from srforge.config.schema import Config, ModelSection
 from srforge.constants import UNET_CLASS, UNET_CLASSES
 from srforge.locks import LOCK_NAME, FolderLock
 from srforge.runtime.checkpoint import load_checkpoint
-from srforge.runtime.distributed import Processes
-from srforge.train.build import model_kwargs
+from srforge.train.from_config import model_kwargs
 
 
 def checkpoint_file(resume: str | os.PathLike) -> Path:
@@ -228,60 +226,3 @@ def write_run_config(run_dir: Path, cfg: Config) -> None:
     as it was."""
     with _writable(run_dir), disk_full_names(run_dir / "config.yaml"):
         atomic_write_text(run_dir / "config.yaml", dump(cfg))
-
-
-def _synthetic_arguments(synthetic: SyntheticSection) -> dict:
-    """The generator's keyword arguments (other than root and n) that ``data.synthetic`` sets."""
-    return {
-        "scale": synthetic["scale"],  # a number, or YAML's [lo, hi]: each scan draws its own scale from the range
-        "seed": synthetic["seed"],
-        "classes": synthetic["classes"],
-        "las": synthetic["las"] or None,
-        "randomise": synthetic["randomise"],
-    }
-
-
-def _generate(generator, root: Path, synthetic: SyntheticSection, stale: bool) -> None:
-    arguments = _synthetic_arguments(synthetic)
-    scale = arguments["scale"]
-    shown = f"{scale[0]:g}-{scale[1]:g}" if isinstance(scale, list) else scale
-    redo = "; the scans there were drawn with other settings and are redone" if stale else ""
-    print(f"srforge: generating {synthetic['n']} synthetic well-log scans into {root.resolve()} (scale {shown}){redo}")
-    try:
-        generator.make_welllog_scans(root, synthetic["n"], workers=None, only_missing=True, **arguments)
-    except generator.LasError as exc:
-        raise ConfigError(f"data.synthetic.las: {exc}") from None
-
-
-def prepare_synthetic_data(synthetic: SyntheticSection, processes: Processes, poll_s: float = 0.5) -> None:
-    """Generate the synthetic scans ``data.synthetic`` asks for, when any is missing, before the group starts.
-
-    One process per machine (local rank 0) generates, in parallel processes; the others poll the folder until
-    every scan is there. No collective waits meanwhile, so generation may take longer than
-    ``train.dist_timeout_s``. Files are written to temporary names and renamed, so a scan present is complete,
-    and scan i depends only on (seed, i): a rerun after a kill completes the set, and machines sharing a
-    filesystem may both write a scan (the same bytes). The folder's settings file says what its scans were drawn
-    with (scale, seed, classes, LAS files by content, randomise, the generator's version): scans drawn with
-    other settings are removed and drawn again, never served. A bad ``data.synthetic.las`` is a ConfigError.
-    """
-    if synthetic["root"] is None:
-        return
-    from srforge.data import synthetic as generator  # looked up here, so that tests can slow it down
-
-    root = Path(synthetic["root"])
-    arguments = _synthetic_arguments(synthetic)
-    try:
-        wanted = generator.scan_settings(**arguments)
-    except generator.LasError as exc:
-        raise ConfigError(f"data.synthetic.las: {exc}") from None
-
-    def ready() -> bool:
-        return generator.folder_settings(root) == wanted and not generator.missing_scans(root, synthetic["n"])
-
-    if ready():
-        return
-    if processes.local_rank == 0:
-        _generate(generator, root, synthetic, generator.is_stale(root, wanted))
-        return
-    while not ready():
-        time.sleep(poll_s)

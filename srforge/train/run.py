@@ -31,7 +31,6 @@ from srforge.train.prepare import (
     checkpoint_file,
     claim_run_dir,
     config_changes,
-    prepare_synthetic_data,
     resume_checkpoint,
 )
 from srforge.train.trainer import Trainer
@@ -79,6 +78,8 @@ def train(
         continues = resume is not None and checkpoint_file(resume).parent.resolve() == run_dir.resolve()
         lock = claim_run_dir(run_dir, continues=continues, overwrite=overwrite)
     try:
+        from srforge.synthetic.prepare import prepare_synthetic_data  # the command's step, not the Trainer's
+
         prepare_synthetic_data(cfg.data.synthetic, processes)
         processes = distributed.start(processes, cfg.train.dist_timeout_s, cfg.run.device)
         try:

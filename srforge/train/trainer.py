@@ -23,9 +23,9 @@ so that the gradients add up to those of one batch holding every part (exactly f
 becomes the valid-pixel-weighted mean of the parts' Dice). The weights need the update's total before its last part
 is known, so each part is weighted against the first part's count and the gradients are rescaled once at the end.
 
-Out of memory in a forward or backward pass (:func:`srforge.runtime.memory.is_out_of_memory`) does not end the
+Out of memory in a forward or backward pass (:func:`srforge.runtime.device_memory.is_out_of_memory`) does not end the
 run: the part's gradients are dropped, the batch is redone in halves (each half again, as needed) that add up to
-the same update, and the pixel budget (:class:`srforge.train.memory.PixelBudget`) is lowered to the largest part
+the same update, and the pixel budget (:class:`srforge.train.pixel_budget.PixelBudget`) is lowered to the largest part
 that fit. Only a single scan that fails alone ends the run (ScanTooLargeError, naming it; last.pt is written).
 
 Under torchrun every forward and backward runs in DDP's ``no_sync`` mode and the gradients are averaged by one
@@ -58,9 +58,9 @@ from srforge.models.contract import class_name
 from srforge.runtime import distributed
 from srforge.runtime.checkpoint import class_names_or_default
 from srforge.runtime.device import autocast
+from srforge.runtime.device_memory import is_out_of_memory, pixels_text
 from srforge.runtime.distributed import Processes
-from srforge.runtime.memory import is_out_of_memory, pixels_text
-from srforge.train.build import (
+from srforge.train.from_config import (
     build_data,
     build_loaders,
     build_model,
@@ -73,8 +73,8 @@ from srforge.train.build import (
 )
 from srforge.train.hooks import built_in_hooks, user_hooks
 from srforge.train.losses import segmentation_loss, valid_pixels
-from srforge.train.memory import PixelBudget, ScanTooLargeError, plan_memory, scan_too_large
 from srforge.train.metrics import confusion_matrix, scores
+from srforge.train.pixel_budget import PixelBudget, ScanTooLargeError, plan_memory, scan_too_large
 from srforge.train.prepare import write_run_config
 from srforge.train.rng import rng_state, seed_everything, set_rng_state
 from srforge.train.stop import PeerLostError, WorkerLostError, cause, peer_lost, worker_lost
@@ -228,7 +228,7 @@ class Trainer:
         self.start_pass()
         self.call("before_epoch")
         self.net.train()
-        batches = self.loaders.batches(loader)
+        batches = iter(loader)
         while self.run_step(batches):
             self.call("after_step")
         del batches, loader  # the workers end before the hooks write files

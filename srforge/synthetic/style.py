@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from srforge.data.synthetic.scale import length
+from srforge.synthetic.scale import length
 
 STYLES = ("solid", "dashed", "dotted")  # multiclass mask value = position + 1
 CLASSIC_INKS = ((20, 20, 25), (25, 35, 120), (140, 25, 30), (30, 90, 40))

@@ -3,7 +3,7 @@
     data      -> datasets, split by size (train_val_indices), FieldViews with per-sample augmentation (and
                  rescaling, data.augment.scale, on the training side)
     model     -> model.class (srforge's UNet by default) on the device, and the arguments that rebuild it
-                 (checkpoints keep them), through the one builder srforge.models.build.create_model
+                 (checkpoints keep them), through the one builder srforge.models.create.create_model
     train     -> AdamW, warm-up + cosine LambdaLR, GradScaler (fp16)
     batches   -> training_sampler (size-grouped, shuffled by seed and epoch, this rank's share), validation loader
 
@@ -17,7 +17,7 @@ import inspect
 import json
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,26 +27,22 @@ from torch.utils.data import DataLoader
 from srforge.config import ConfigError, import_object
 from srforge.config.schema import DataSection, ModelSection
 from srforge.constants import UNET_CLASSES, UNET_KEYS
-from srforge.data.adapter import FieldView
 from srforge.data.cache import open_cache
 from srforge.data.collate import AlignedCollate
 from srforge.data.crop import crop_shape, crop_sizes
+from srforge.data.field_view import FieldView
 from srforge.data.loader import DataLoaderFactory
-from srforge.data.memory import BatchRing
 from srforge.data.rescale import epoch_sizes, scaled_size
 from srforge.data.sampling import SizeGroupedBatchSampler, train_val_indices, training_sampler
 from srforge.data.sizes import dataset_sizes
 from srforge.geometry import aligned_size, depth_problem
-from srforge.models.build import create_model
+from srforge.models.create import create_model
 from srforge.models.weights import WeightsFile
 from srforge.runtime.device import cpu_has_native_bf16, resolve_device
 from srforge.runtime.distributed import Processes, environment
 
 # The keys srforge's UNet is built with; any other model.class takes the first two and model.args.
 MODEL_ARGS = ("in_channels", "num_classes", *UNET_KEYS)
-# Batches each training worker prepares ahead (DataLoader's prefetch_factor, its default); its ring of batch buffers
-# has two slots more: the batch the trainer holds, and one drawn before the last is released.
-PREFETCH = 2
 
 
 def single_process_device(name: str) -> torch.device:
@@ -179,7 +175,7 @@ def build_model(
 ) -> tuple[torch.nn.Module, dict]:
     """The model the config's ``model`` section describes, on ``device``, and the keyword arguments that rebuild it
     (checkpoints keep them, with the class path and the norm option): ``model.class`` built by
-    :func:`srforge.models.build.create_model` with :func:`model_kwargs`, ``model.weights`` loaded when
+    :func:`srforge.models.create.create_model` with :func:`model_kwargs`, ``model.weights`` loaded when
     ``load_weights`` (a resumed run's weights come from its checkpoint instead), ``model.norm`` applied, checked
     against srforge.models.contract. A model whose in_channels or num_classes differ from the section's is a
     ConfigError."""
@@ -250,26 +246,16 @@ class Loaders:
     val: DataLoader
 
     def epoch(self, epoch: int, skip: int = 0) -> DataLoader:
-        """This rank's training batches of ``epoch`` (fixed by the seed and the epoch), less the first ``skip``.
-        Its workers collate into a :class:`BatchRing` of buffers that :meth:`batches` releases batch by batch."""
+        """This rank's training batches of ``epoch`` (fixed by the seed and the epoch), less the first ``skip``."""
         self.sampler.set_epoch(epoch)
         self.train.set_epoch(epoch)
-        ring = BatchRing(self.num_workers, slots=PREFETCH + 2) if self.num_workers else None
         return DataLoaderFactory(
             self.train,
             batch_sampler=list(self.sampler)[skip:],
-            collate_fn=self.collate.with_ring(ring),
+            collate_fn=self.collate,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
-            prefetch_factor=PREFETCH if self.num_workers else None,
         ).get_loader()
-
-    @staticmethod
-    def batches(loader: DataLoader) -> Iterator:
-        """The batches of an :meth:`epoch` loader, each released to its worker's ring when the next is drawn (the
-        trainer reads no batch after drawing the next)."""
-        ring = getattr(loader.collate_fn, "ring", None)
-        return iter(loader) if ring is None else ring.batches(loader)
 
 
 def training_epoch_sizes(data: Data) -> Callable[[int], list] | None:

@@ -10,7 +10,7 @@ import math
 import numpy as np
 from PIL import Image, ImageFilter
 
-from srforge.data.synthetic.style import Scanner, ScanStyle
+from srforge.synthetic.style import Scanner, ScanStyle
 
 
 def _field(rng, height: int, width: int, cells: int) -> np.ndarray:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from srforge.data.synthetic.style import STYLES, CurveLook, ScanStyle
+from srforge.synthetic.style import STYLES, CurveLook, ScanStyle
 
 TRACK_NAMES = ("GR", "SP", "CALI", "ILD", "ILM", "SFL", "RHOB", "NPHI", "DT", "PEF", "LLD", "MSFL", "NEUT", "DRHO")
 HEADER_WORDS = ("COMPANY", "WELL", "FIELD", "COUNTY", "STATE", "RUN", "DATE", "DEPTH", "SCALE", "LOGGED", "BIT",

@@ -1,7 +1,7 @@
 """One synthetic scan: image and exact curve mask, drawn from (seed, index) alone.
 
 The printed log is drawn in layers -- paper, grid and tracks under the curves; the curves in their own layer,
-whose coverage is the mask; text, stains and folds over them -- then scanned (srforge.data.synthetic.degrade).
+whose coverage is the mask; text, stains and folds over them -- then scanned (srforge.synthetic.degrade).
 Nothing drawn over or under a curve changes the mask, and the scanner's skew moves image and mask alike.
 """
 
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from srforge.data.synthetic.curves import formation, log_curve, track_positions, track_scale
-from srforge.data.synthetic.degrade import scan
-from srforge.data.synthetic.draw import TRACK_NAMES, PlottedCurve, curves, grid, paper, shading, tracks
-from srforge.data.synthetic.las import is_logarithmic, las_window, load_wells
-from srforge.data.synthetic.scale import Scale, scan_scale
-from srforge.data.synthetic.style import (
+from srforge.synthetic.curves import formation, log_curve, track_positions, track_scale
+from srforge.synthetic.degrade import scan
+from srforge.synthetic.draw import TRACK_NAMES, PlottedCurve, curves, grid, paper, shading, tracks
+from srforge.synthetic.las import is_logarithmic, las_window, load_wells
+from srforge.synthetic.scale import Scale, scan_scale
+from srforge.synthetic.style import (
     CURVE_STREAM,
     SCANNER_STREAM,
     STYLE_STREAM,
@@ -27,7 +27,7 @@ from srforge.data.synthetic.style import (
     curve_look,
     draw_style,
 )
-from srforge.data.synthetic.text import labels
+from srforge.synthetic.text import labels
 
 CLASSES = {"binary": ("background", "curve"), "multiclass": ("background", "solid", "dashed", "dotted")}
 
@@ -134,7 +134,7 @@ def welllog_scan(index: int, seed: int = 0, scale: Scale = 1.0, classes: str = "
     ``scale``: a number, or a range (lo, hi) that scan ``index`` draws its own from (:func:`scan_scale`); at the
     scale drawn, the scan is the one that number would give. ``las``: LAS paths or globs the curves come from
     (None: srforge's own log-like curves). ``randomise``: draw paper, grid, tracks, inks, text and scanner from
-    the ranges of srforge.data.synthetic.style.RANDOMISED instead of the classic look.
+    the ranges of srforge.synthetic.style.RANDOMISED instead of the classic look.
     """
     layers = scan_layers(index, seed, scale, classes, las, randomise, keep_layers=False)
     return layers.image, layers.mask

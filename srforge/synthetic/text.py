@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
-from srforge.data.synthetic.draw import HEADER_WORDS, TRACK_NAMES, font
-from srforge.data.synthetic.style import ScanStyle
+from srforge.synthetic.draw import HEADER_WORDS, TRACK_NAMES, font
+from srforge.synthetic.style import ScanStyle
 
 
 def _ink(rng, style: ScanStyle) -> tuple[int, ...]:

@@ -4,7 +4,7 @@
         --Class(**kwargs)--> --weights file into the model or its encoder (optional)--> --apply_norm(norm)-->
         --ImageOnly when its forward takes no sizes (srforge.models.contract)--> check_model --> the model (CPU)
 
-Training (:func:`srforge.train.build.build_model`), a resumed run and
+Training (:func:`srforge.train.from_config.build_model`), a resumed run and
 :func:`srforge.runtime.checkpoint.model_from_checkpoint` all build through :func:`create_model`, so the class path,
 arguments and norm option a checkpoint records (``model_class``, ``model_args``, ``model_norm``) rebuild exactly
 the module that was trained, and its state_dict loads into it. The weights file comes before the norm conversion,

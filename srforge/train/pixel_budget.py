@@ -1,6 +1,6 @@
 """The training step's memory: measured before the first epoch, turned into a pixel budget, lowered on running out.
 
-    probe_memory -> StepMemory (bytes per padded pixel, fixed bytes)       srforge.runtime.memory measures
+    probe_memory -> StepMemory (bytes per padded pixel, fixed bytes)       srforge.runtime.device_memory measures
     plan_memory  -> the budget data.max_pixels resolves to (auto: from the probe and the free memory), printed
     PixelBudget  -> the one owner of the budget while training: the step's parts and the sampler's batches
 
@@ -24,8 +24,7 @@ from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.geometry import aligned_size
 from srforge.models.contract import class_name
 from srforge.runtime.device import autocast
-from srforge.runtime.distributed import Processes
-from srforge.runtime.memory import (
+from srforge.runtime.device_memory import (
     PROBE_DOUBLINGS,
     StepMemory,
     auto_budget,
@@ -38,7 +37,8 @@ from srforge.runtime.memory import (
     processes_per_device,
     smallest_across_ranks,
 )
-from srforge.train.build import Data, set_checkpointing
+from srforge.runtime.distributed import Processes
+from srforge.train.from_config import Data, set_checkpointing
 from srforge.train.losses import segmentation_loss
 
 # A resumed run keeps the pixel budgets its checkpoint records unless the budget it resolves now is smaller by more
@@ -113,7 +113,7 @@ def probe_memory(
     model: torch.nn.Module, device: torch.device, precision: str, loss: Loss, *, channels_last: bool = False
 ) -> StepMemory:
     """The measured memory of one training step of ``model`` on ``device`` under ``precision`` (and
-    ``channels_last``, and the model's own checkpointing), from :func:`srforge.runtime.memory.measure_step_memory`.
+    ``channels_last``, and the model's own checkpointing), from device_memory.measure_step_memory.
 
     The step: forward of a blank [1, C, H, W] uint8 image, ``loss`` against an all-class-0 mask, backward; its
     gradients are dropped after. AdamW's two moments per parameter (the optimizer state a real step adds) are

@@ -14,9 +14,9 @@ import numpy as np
 from PIL import Image
 
 from srforge.atomic import atomic_write, atomic_write_text
-from srforge.data.synthetic.las import las_files, load_wells
-from srforge.data.synthetic.scale import Scale, scale_range
-from srforge.data.synthetic.scan import CLASSES, welllog_scan
+from srforge.synthetic.las import las_files, load_wells
+from srforge.synthetic.scale import Scale, scale_range
+from srforge.synthetic.scan import CLASSES, welllog_scan
 
 SETTINGS_FILE = ".srforge_synthetic.json"
 # Changed whenever the generator draws other bytes for the same settings, so that older folders are redone.

@@ -16,12 +16,12 @@ from LAS files), style (the per-scan draw of every property), draw and text (the
 scan (one scan), write (a folder of them and its settings).
 """
 
-from srforge.data.synthetic.draw import style_columns
-from srforge.data.synthetic.las import LasError, las_files, load_wells
-from srforge.data.synthetic.scale import Scale, scan_scale
-from srforge.data.synthetic.scan import CLASSES, ScanLayers, scan_layers, welllog_scan
-from srforge.data.synthetic.style import RANDOMISED, STYLES, CurveLook, Scanner, ScanStyle, curve_look, draw_style
-from srforge.data.synthetic.write import (
+from srforge.synthetic.draw import style_columns
+from srforge.synthetic.las import LasError, las_files, load_wells
+from srforge.synthetic.scale import Scale, scan_scale
+from srforge.synthetic.scan import CLASSES, ScanLayers, scan_layers, welllog_scan
+from srforge.synthetic.style import RANDOMISED, STYLES, CurveLook, Scanner, ScanStyle, curve_look, draw_style
+from srforge.synthetic.write import (
     SETTINGS_FILE,
     clear_scans,
     folder_settings,
