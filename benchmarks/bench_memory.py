@@ -154,7 +154,7 @@ def welllog_trainer(device: torch.device):
             "train": {"dice_weight": 1.0, "lr": 1e-4},
         }
     )
-    return Trainer(cfg, environment(), run_dir)
+    return Trainer.from_config(cfg, environment(), run_dir)
 
 
 def scans_batch(count: int, height: int = 640, width: int = 4800) -> Entry:

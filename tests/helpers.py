@@ -105,7 +105,7 @@ def stepping_trainer(run_dir: Path, dataset: str, *, num_classes: int = 2, field
     real = pixel_budget.probe_memory
     pixel_budget.probe_memory = lambda *args, **kw: StepMemory(500.0, 0.0, "cpu", "fp32")
     try:  # the probe is tested on its own (tests/test_memory.py): these trainers only step
-        trainer = Trainer(cfg, environment(), Path(run_dir))
+        trainer = Trainer.from_config(cfg, environment(), Path(run_dir))
     finally:
         pixel_budget.probe_memory = real
     trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)

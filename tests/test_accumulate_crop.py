@@ -111,7 +111,7 @@ def test_accumulation_resumes_exactly_and_the_schedule_counts_updates(tmp_path):
 
 
 def test_a_ctrl_c_inside_an_update_saves_its_start_and_the_resumed_run_redoes_it(tmp_path, monkeypatch):
-    import srforge.train.trainer as trainer
+    import srforge.train.assemble as trainer
 
     train(tiny_config(tmp_path / "straight", accumulate=2))
     real_loss, calls = trainer.segmentation_loss, []

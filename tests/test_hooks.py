@@ -77,7 +77,7 @@ def test_a_user_hook_from_yaml_runs_at_every_event_and_its_state_is_saved(tmp_pa
 def test_exact_resume_with_ema_a_user_hook_and_accumulation_mid_epoch(tmp_path, monkeypatch):
     """A Ctrl-C in epoch 2 (inside an update of 2 batches) with EMA and a stateful user hook on: the resumed run
     ends with the straight run's bits in the weights, the averaged weights and the hook's state."""
-    import srforge.train.trainer as trainer
+    import srforge.train.assemble as trainer
 
     options = {"ema": 0.9, "accumulate": 2}
     train(_cfg(tmp_path / "straight", **options))
@@ -190,8 +190,8 @@ def test_the_progress_bar_draws_on_a_terminal_only(monkeypatch, tty):
     stream = _Stream(tty)
     monkeypatch.setattr(sys, "stderr", stream)
     hook = ProgressHook()
-    hook.trainer = SimpleNamespace(epoch_batches=50, epoch=0, cfg=SimpleNamespace(train=SimpleNamespace(epochs=3)))
-    hook.trainer.update_batches, hook.trainer.shown = 1, None
+    hook.trainer = SimpleNamespace(epoch_batches=50, epoch=0, settings=SimpleNamespace(epochs=3))
+    hook.trainer.update_batches, hook.trainer.progress = 1, None
     hook.before_epoch()
     for _ in range(50):
         hook.after_step()

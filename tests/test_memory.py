@@ -437,7 +437,7 @@ def test_a_run_that_ran_out_of_memory_resumes_exactly(tmp_path, monkeypatch):
     budget says, lowers the sampler's budget from epoch 3 on, and ends with the straight run's bits."""
     from srforge.train.trainer import Trainer
 
-    real_forward, real_finish = UNet.forward, Trainer.finish_update
+    real_forward, real_finish = UNet.forward, Trainer.apply_update
 
     def run(name, interrupt):
         armed = []
@@ -456,14 +456,14 @@ def test_a_run_that_ran_out_of_memory_resumes_exactly(tmp_path, monkeypatch):
             real_finish(trainer, update)
 
         monkeypatch.setattr(UNet, "forward", forward)
-        monkeypatch.setattr(Trainer, "finish_update", finish)
+        monkeypatch.setattr(Trainer, "apply_update", finish)
         cfg = tiny_config(tmp_path / name, epochs=3)
         cfg["data"]["batch_size"], cfg["data"]["max_pixels"] = None, 3000
         try:
             train(cfg)
         finally:
             monkeypatch.setattr(UNet, "forward", real_forward)
-            monkeypatch.setattr(Trainer, "finish_update", real_finish)
+            monkeypatch.setattr(Trainer, "apply_update", real_finish)
         return cfg
 
     run("straight", interrupt=False)

@@ -98,7 +98,7 @@ def test_exact_resume_gives_bit_identical_weights(tmp_path):
 
 
 def test_resume_after_an_interrupt_mid_epoch_is_exact_too(tmp_path, monkeypatch):
-    import srforge.train.trainer as trainer
+    import srforge.train.assemble as trainer
 
     train(tiny_config(tmp_path / "straight"))
     real_loss, calls = trainer.segmentation_loss, []
@@ -378,7 +378,7 @@ def test_train_and_validation_loss_are_the_same_quantity_on_the_same_batch(tmp_p
 
     def losses(dice):
         trainer = stepping_trainer(tmp_path / f"run{dice}", "test_train:TinyStrips", fields=fields, dice_weight=dice)
-        trainer.loaders.val = loader
+        trainer.val_loader = loader
         val = trainer.validate(trainer.model)["loss"]
         trainer.start_pass()
         run_pass(trainer, loader)

@@ -14,7 +14,7 @@ import torch
 import yaml
 from test_train import TinyStrips, tiny_config
 
-import srforge.train.hooks as trainer
+import srforge.train.trainer as trainer
 from srforge.atomic import DiskFullError
 from srforge.cli import main_train
 from srforge.runtime.checkpoint import load_checkpoint

@@ -9,12 +9,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.pin_memory import pin_memory
 
-import srforge.train.trainer as epoch
+import srforge.train.assemble as epoch
 from srforge.config import resolve
 from srforge.data.augment import build_augmentation
 from srforge.data.collate import AlignedCollate
 from srforge.data.field_view import FieldView
-from srforge.train import train
+from srforge.train import Trainer, train
 
 EVERY_STEP = {
     "hflip": 1.0,
@@ -72,7 +72,7 @@ def test_more_than_255_classes_keep_int64():
 
 def test_the_trainer_moves_uint8_and_the_loss_sees_int64(tmp_path, monkeypatch):
     seen_batches, seen_targets = [], []
-    real_to_device, real_loss = epoch.Trainer.to_device, epoch.segmentation_loss
+    real_to_device, real_loss = Trainer.to_device, epoch.segmentation_loss
 
     def to_device(self, batch):
         seen_batches.append(batch.mask.dtype)
@@ -82,7 +82,7 @@ def test_the_trainer_moves_uint8_and_the_loss_sees_int64(tmp_path, monkeypatch):
         seen_targets.append(target.dtype)
         return real_loss(logits, target, *args, **kwargs)
 
-    monkeypatch.setattr(epoch.Trainer, "to_device", to_device)
+    monkeypatch.setattr(Trainer, "to_device", to_device)
     monkeypatch.setattr(epoch, "segmentation_loss", loss)
     cfg = resolve(
         {

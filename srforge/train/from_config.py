@@ -245,6 +245,9 @@ class Loaders:
     pin_memory: bool
     val: DataLoader
 
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
     def epoch(self, epoch: int, skip: int = 0) -> DataLoader:
         """This rank's training batches of ``epoch`` (fixed by the seed and the epoch), less the first ``skip``."""
         self.sampler.set_epoch(epoch)
@@ -324,7 +327,7 @@ def wrap_for_training(model: torch.nn.Module, *, compile: bool, world: int, devi
     since no gradients need averaging there. ``train.compile`` compiles ``model`` in place (``Module.compile``,
     so its state_dict keys keep their names) before DDP wraps it, as PyTorch's documentation recommends: DDP's
     own hooks then run outside the compiled graph. The training step runs the wrapper in ``no_sync`` mode and
-    averages the gradients itself once per optimizer update (:mod:`srforge.train.step`), so that a rank that runs
+    averages the gradients itself once per optimizer update (:mod:`srforge.train.update`), so that a rank that runs
     out of memory can redo its batch in parts without leaving the others inside a collective.
     Buffers are not synchronised before each forward: the only ones are the normalisation mean/std, which never
     change (``forward_sync_buffers=False`` where torch has it, ``broadcast_buffers=False`` before).
@@ -390,3 +393,4 @@ def scan_warnings(data: Data, divisor: int) -> list[str]:
             "side: too few pixels to learn from; a range nearer 1 (e.g. [0.5, 2]) keeps the curves"
         )
     return lines
+

@@ -4,12 +4,16 @@
     before_epoch   the epoch's batches are cut; before its first step
     after_step     after each optimizer update (``trainer.stepped``: whether it was taken; a non-finite one is not)
     after_epoch    after the epoch's training pass; ``trainer.row`` holds its metrics, hooks add to it
-    after_train    at the end, also when the run is stopped (``trainer.stopped_by`` says why)
+    after_train    at the end, whatever happened (``trainer.stopped_by`` says why a run stopped)
 
-srforge's own, in the order they run: the progress bar, EMA of the weights (``train.ema``), validation,
-early stopping (``train.early_stop``), the user's own (``train.hooks``), checkpoints (best.pt, last.pt, and
-last.pt at the batch reached when the run is stopped), the metrics files, TensorBoard and the console. The
-user's run before the checkpoints, so that what they change at the end of an epoch is in that epoch's last.pt.
+A hook reads the trainer through the attributes the Trainer's docstring lists and changes it only through its
+calls: ``request_stop()``, ``add_to_row(values)``, ``add_to_summary(values)``, ``use_averaged(model)`` and
+``save(name, ...)``. The trainer alone writes last.pt when a run is stopped.
+
+The order they run in (:func:`named_hooks`): the progress bar, validation, the hooks given to the Trainer (from a
+config: EMA of the weights ``train.ema``, early stopping ``train.early_stop``, the user's own ``train.hooks``),
+then the checkpoints at an epoch's end (best.pt, last.pt) and the metrics files, TensorBoard and the console. The
+given hooks run before the checkpoints, so that what they change at the end of an epoch is in that epoch's last.pt.
 
 A hook with ``state_dict()`` / ``load_state_dict(state)`` has its state saved in every checkpoint under its
 name, and given back on resume. A user's hook is built from the config, ``train.hooks: [{class:
@@ -29,10 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from srforge.atomic import disk_full_names
 from srforge.config import ConfigError, import_object
-from srforge.locks import LOCK_NAME, FolderLostError
-from srforge.runtime.checkpoint import save_checkpoint
 from srforge.train.log import log_epoch, open_tensorboard
 from srforge.train.metrics import scores
 from srforge.train.stop import interrupts_held
@@ -70,7 +71,7 @@ class ProgressHook(Hook):
         t = self.trainer
         self.bar = tqdm(
             total=t.epoch_batches,
-            desc=f"epoch {t.epoch + 1}/{t.cfg.train.epochs}",
+            desc=f"epoch {t.epoch + 1}/{t.settings.epochs}",
             leave=False,
             disable=not sys.stderr.isatty(),  # a log file gets the epoch's line, not a frame per update
         )
@@ -78,17 +79,13 @@ class ProgressHook(Hook):
     def after_step(self) -> None:
         t = self.trainer
         self.bar.update(t.update_batches)
-        if t.shown is None:
-            return
-        loss_sum, batches, pixels = t.shown[:3]
-        if batches:
-            k = t.cfg.model.num_classes
-            confusion = torch.tensor(t.shown[3:], dtype=torch.float64).view(k, k)
-            seconds = max(1e-9, _elapsed(t))
+        shown = t.progress
+        if shown is not None and shown.batches:
+            seconds = max(1e-9, time.perf_counter() - t.started)
             self.bar.set_postfix(
-                loss=f"{loss_sum / batches:.4f}",
-                mIoU=f"{scores(confusion)['mean_iou']:.3f}",
-                px_s=f"{pixels * t.processes.world / seconds:.3g}",
+                loss=f"{shown.loss_sum / shown.batches:.4f}",
+                mIoU=f"{scores(shown.confusion)['mean_iou']:.3f}",
+                px_s=f"{shown.pixels * t.processes.world / seconds:.3g}",
             )
 
     def after_epoch(self) -> None:
@@ -99,13 +96,9 @@ class ProgressHook(Hook):
             self.bar.close()
 
 
-def _elapsed(trainer: Trainer) -> float:
-    return time.perf_counter() - trainer.started
-
-
 class EMAHook(Hook):
     """``train.ema: DECAY``: an exponential moving average of the weights, updated after every optimizer step
-    taken; validation and best.pt use it (``trainer.averaged``), last.pt keeps it with the training state.
+    taken; validation and best.pt use it (``trainer.use_averaged``), last.pt keeps it with the training state.
 
     The decay warms up as ``min(DECAY, (1 + n) / (10 + n))`` after n updates, so that in a short run the average
     is not dominated by the initial weights. Buffers (normalisation statistics) are copied, not averaged.
@@ -118,7 +111,7 @@ class EMAHook(Hook):
         self.model = copy.deepcopy(model).requires_grad_(False)
 
     def before_train(self) -> None:
-        self.trainer.averaged = self.model
+        self.trainer.use_averaged(self.model)
 
     def after_step(self) -> None:
         if self.trainer.stepped:
@@ -146,11 +139,11 @@ class ValidationHook(Hook):
 
     def after_epoch(self) -> None:
         t = self.trainer
-        epoch, every = t.epoch + 1, t.cfg.train.val_every
-        if epoch % every and epoch != t.cfg.train.epochs:
+        epoch, every = t.epoch + 1, t.settings.val_every
+        if epoch % every and epoch != t.settings.epochs:
             return
-        val = t.validate(t.averaged if t.averaged is not None else t.model)
-        t.row.update({f"val_{k}": val[k] for k in ("loss", "mean_iou", "pixel_accuracy", "iou", "dice")})
+        val = t.validate()
+        t.add_to_row({f"val_{k}": val[k] for k in ("loss", "mean_iou", "pixel_accuracy", "iou", "dice")})
 
 
 class EarlyStopHook(Hook):
@@ -166,7 +159,7 @@ class EarlyStopHook(Hook):
 
     def before_train(self) -> None:
         if self.stopped:
-            self.trainer.stop_requested = True
+            self.trainer.request_stop()
             self.say(f"early stopping ended this run after epoch {self.trainer.epoch}; nothing to do")
 
     def after_epoch(self) -> None:
@@ -179,7 +172,8 @@ class EarlyStopHook(Hook):
             return
         self.waited += 1
         if self.waited >= self.patience:
-            self.stopped = t.stop_requested = True
+            self.stopped = True
+            t.request_stop()
             self.say(
                 f"early stop after epoch {t.epoch + 1}: the validation mean IoU has not risen by more than "
                 f"{self.min_delta:g} over its best, {self.best:.4f} at epoch {self.best_epoch}, for {self.waited} "
@@ -199,20 +193,18 @@ class EarlyStopHook(Hook):
 
 
 class CheckpointHook(Hook):
-    """best.pt when validation improved, then last.pt, after every epoch (main process); and when the run is
-    stopped (Ctrl-C, SIGTERM, a lost DataLoader worker, a scan too large), last.pt at the batch reached.
+    """best.pt when validation improved, then last.pt, after every epoch (main process, through
+    :meth:`Trainer.save`). When a run is stopped, the trainer itself writes last.pt at the batch reached.
 
     ``best`` (the best validation mean IoU) is recorded in last.pt only once best.pt holds its weights: a Ctrl-C
     while best.pt is written leaves last.pt at the previous best, so the resumed run validates that epoch again.
-    While the checkpoints are written, Ctrl-C and SIGTERM are held and delivered after; should a stop's write be cut
-    short all the same, the console says that last.pt was not updated and what it still holds.
+    While the checkpoints are written, Ctrl-C and SIGTERM are held and delivered after.
     """
 
     name = "checkpoint"
 
     def __init__(self):
         self.best = -math.inf
-        self.last_saved = "what it held when this run started (if it existed)"
 
     def after_epoch(self) -> None:
         t = self.trainer
@@ -223,56 +215,15 @@ class CheckpointHook(Hook):
             if score is not None and math.isfinite(score) and score > self.best:
                 previous, self.best = self.best, score
                 try:
-                    self.save("best.pt", weights=t.averaged)
+                    t.save("best.pt", weights=t.averaged, best=score)
                 except BaseException:
                     self.best = previous
                     raise
-            self.save("last.pt")
-            t.saved_epoch_end, self.last_saved = t.epoch, f"the end of epoch {t.epoch + 1}"
-        t.summary["best_mean_iou"] = self.best
-
-    def save(self, name: str, *, epoch_end: bool = True, weights: torch.nn.Module | None = None) -> None:
-        t = self.trainer
-        if not t.processes.main:
-            return
-        if t.lock is not None and not t.lock.held():
-            raise FolderLostError(
-                f"{t.run_dir} (or its {LOCK_NAME}) was removed while this run was writing into it, so another run "
-                f"may hold it now; this run stops without writing {name}. What it had written went with the folder: "
-                f"the training up to epoch {t.epoch + 1}, batch {t.batches_done} is lost unless you restored the "
-                "folder (then continue with --resume); else start the run again."
-            )
-        path = t.run_dir / name
-        with disk_full_names(path):
-            save_checkpoint({**t.checkpoint(epoch_end=epoch_end, weights=weights), "best_metric": self.best}, path)
+            t.save("last.pt", best=self.best)
+        t.add_to_summary({"best_mean_iou": self.best})
 
     def after_train(self) -> None:
-        t = self.trainer
-        t.summary["best_mean_iou"] = self.best
-        if t.stopped_by is None or not t.processes.main or (t.lock is not None and not t.lock.held()):
-            return
-        path, saved = t.run_dir / "last.pt", t.saved_epoch_end == t.epoch
-        where = f"the end of epoch {t.epoch + 1}" if saved else f"epoch {t.epoch + 1}, batch {t.batches_done}"
-        t.saved_at, written = f"{path} at {where}", saved
-        try:
-            with interrupts_held() as noted:
-                if not saved:
-                    self.save("last.pt", epoch_end=False)
-                    written = True
-                if t.stopped_by in ("Ctrl-C", "SIGTERM"):
-                    tqdm.write(
-                        f"\nsrforge: interrupted; wrote {t.saved_at} ({t.stopped_by}). Continue with --resume "
-                        f"{t.run_dir}"
-                    )
-                if noted:
-                    tqdm.write(f"srforge: {noted[0]} came while {path} was written; it was written in full first.")
-        except KeyboardInterrupt:
-            if not written:
-                tqdm.write(
-                    f"\nsrforge: interrupted again while {path} was written: it was NOT updated and still holds "
-                    f"{self.last_saved}, not {where}; --resume {t.run_dir} repeats the batches since."
-                )
-            raise
+        self.trainer.add_to_summary({"best_mean_iou": self.best})
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best}
@@ -285,7 +236,7 @@ class MetricsHook(Hook):
     """Each epoch's row into metrics.jsonl and metrics.csv, TensorBoard when installed, and one line on the console
     (main process)."""
 
-    writer, logged = None, None  # logged: the epoch whose row was written last
+    writer = None
 
     def before_train(self) -> None:
         self.writer = open_tensorboard(self.trainer.run_dir)
@@ -293,28 +244,38 @@ class MetricsHook(Hook):
     def after_epoch(self) -> None:
         t = self.trainer
         log_epoch(t.run_dir, self.writer, t.row, t.step)
-        self.logged = t.epoch
 
     def after_train(self) -> None:
-        t = self.trainer
-        # A stop that came as last.pt was written at an epoch's end (the checkpoint hook held it until then): the
-        # resumed run starts the next epoch, so this epoch's row is written now or never.
-        if t.stopped_by is not None and t.saved_epoch_end == t.epoch and self.logged != t.epoch:
-            self.after_epoch()
         if self.writer is not None:
             self.writer.close()
 
 
-def built_in_hooks(trainer: Trainer) -> tuple[list[Any], list[Any]]:
-    """srforge's own hooks for ``trainer``'s config, as (those before the user's, those after)."""
-    tcfg, main = trainer.cfg.train, trainer.processes.main
-    before: list[Any] = [ProgressHook()] if main else []
-    if tcfg.ema is not None:
-        before.append(EMAHook(trainer.model, tcfg.ema))
-    before.append(ValidationHook())
-    if tcfg.early_stop is not None:
-        before.append(EarlyStopHook(tcfg.early_stop["patience"], tcfg.early_stop.get("min_delta", 0.0)))
-    return before, [CheckpointHook(), *([MetricsHook()] if main else [])]
+def config_hooks(train_cfg, model: torch.nn.Module) -> list[Any]:
+    """The hooks the ``train`` section asks for, in order: EMA (``train.ema``; it copies ``model``, so before the
+    model is compiled), early stopping (``train.early_stop``), the user's own (``train.hooks``, as (name, hook))."""
+    hooks: list[Any] = [] if train_cfg.ema is None else [EMAHook(model, train_cfg.ema)]
+    if train_cfg.early_stop is not None:
+        stop = train_cfg.early_stop
+        hooks.append(EarlyStopHook(stop["patience"], stop.get("min_delta", 0.0)))
+    return [*hooks, *user_hooks(train_cfg.hooks)]
+
+
+def named_hooks(trainer: Trainer, given) -> tuple[list[str], list[Any]]:
+    """(names, hooks) a Trainer runs, each told its ``trainer``: the progress bar (main process), validation (with
+    a validation loader), the ``given`` hooks (objects, or (name, hook) pairs; a hook's name keys its state in
+    checkpoints, default its ``name`` attribute), the checkpoints and the metrics files (with a run folder)."""
+    main, writes = trainer.processes.main, trainer.run_dir is not None
+    before = [ProgressHook()] if main else []
+    if trainer.val_loader is not None:
+        before.append(ValidationHook())
+    after = [CheckpointHook()] if writes else []
+    after += [MetricsHook()] if writes and main else []
+    named = [(h.name, h) for h in before]
+    named += [item if isinstance(item, tuple) else (getattr(item, "name", ""), item) for item in given]
+    named += [(h.name, h) for h in after]
+    for _, hook in named:
+        hook.trainer = trainer
+    return [name for name, _ in named], [hook for _, hook in named]
 
 
 def user_hooks(specs: list[dict]) -> list[tuple[str, Any]]:

@@ -84,7 +84,7 @@ def train(
         processes = distributed.start(processes, cfg.train.dist_timeout_s, cfg.run.device)
         try:
             with disk_full_names(run_dir):  # a full disk anywhere else (size caches, TensorBoard): the run folder
-                return Trainer(cfg, processes, run_dir, ckpt, lock=lock).train()
+                return Trainer.from_config(cfg, processes, run_dir, ckpt, lock=lock).train()
         finally:
             if processes.owns_group:
                 distributed.stop()

@@ -1,205 +1,265 @@
-"""The Trainer: one object that owns a run's model, optimization, batches, pixel budget and progress.
+"""The Trainer: one object that owns a run's model, optimization, batches, progress, stopping and last.pt.
 
-    Trainer(cfg, processes, run_dir, ckpt)          builds everything from the config; a checkpoint restores it
-    train()      before_train; run_epoch() until the last epoch (or a hook stops it); after_train
+    Trainer(model, train_loader, val_loader, ...)   any model that meets srforge.models.contract, any loader of
+                                                    AlignedCollate batches (Entry: image, mask, sizes, name)
+    Trainer.from_config(cfg, ...)                   what srforge-train builds from a config (srforge.train.from_config)
+    train()      before_train; run_epoch() until the last epoch (or a stop); after_train, always
     run_epoch()  before_epoch; run_step() per optimizer update, after_step after each; after_epoch
-    run_step()   the next train.accumulate batches: run_batch() each -> forward, loss, .backward(); one read; step
+    run_step()   forward, loss, backward over the next ``accumulate`` batches; then the update
 
-Everything else a run does is a hook (:mod:`srforge.train.hooks`): validation, best.pt and last.pt, the metrics
-files, TensorBoard and the console, the progress bar, writing last.pt when a run is stopped, EMA of the weights,
-early stopping, and the user's own. :meth:`Trainer.state_dict` composes each stateful part's own state (model,
-optimizer, scheduler, scaler, sampler, pixel budget, hooks, random generators), so a resumed run continues with
-the same bits.
+Everything else a run does is a hook (:mod:`srforge.train.hooks`): validation, the checkpoints at an epoch's end,
+the metrics files, the progress bar, EMA of the weights, early stopping, and the user's own. Hooks read the trainer
+through the attributes its docstring lists and change it only through :meth:`Trainer.request_stop`,
+:meth:`Trainer.add_to_row`, :meth:`Trainer.use_averaged` and :meth:`Trainer.save`. The trainer alone decides
+when a run stops and what last.pt holds.
 
-One optimizer update, read on the device: every number the loop keeps (loss sums, batch and pixel counts, the
-confusion matrix) stays there; the one value an update reads back is whether every rank's loss is finite (the step
-cannot be taken otherwise), together with the pixel budget any rank proposes after running out of memory, and every
-``train.log_every`` batches the running totals for the progress bar travel in that same transfer. On a GPU each
-read drains the queue of launched kernels, so it comes after the backward pass is queued.
-
-Gradient accumulation and batches in parts: with ``train.accumulate`` > 1, or when a batch is redone in parts,
-each part's loss is weighted by its share of the update's valid pixels (:func:`srforge.train.losses.valid_pixels`)
-so that the gradients add up to those of one batch holding every part (exactly for the cross-entropy; the Dice term
-becomes the valid-pixel-weighted mean of the parts' Dice). The weights need the update's total before its last part
-is known, so each part is weighted against the first part's count and the gradients are rescaled once at the end.
-
-Out of memory in a forward or backward pass (:func:`srforge.runtime.device_memory.is_out_of_memory`) does not end the
-run: the part's gradients are dropped, the batch is redone in halves (each half again, as needed) that add up to
-the same update, and the pixel budget (:class:`srforge.train.pixel_budget.PixelBudget`) is lowered to the largest part
-that fit. Only a single scan that fails alone ends the run (ScanTooLargeError, naming it; last.pt is written).
-
-Under torchrun every forward and backward runs in DDP's ``no_sync`` mode and the gradients are averaged by one
-all-reduce at the end of the update, before its read: a rank that runs out of memory redoes its batch in parts
-alone while the others wait at that all-reduce, and the ranks agree on the lowered budget through the read.
+What a first reading of :meth:`Trainer.run_step` may skip lives in :mod:`srforge.train.update`: the valid-pixel
+weighting of accumulated parts, the redo in halves of a part that ran out of memory (the pixel budget,
+:class:`srforge.train.pixel_budget.PixelBudget`, is lowered to the largest part that fit; a single scan that fails
+alone ends the run resumably, ScanTooLargeError), DDP's no_sync and the one gradient all-reduce, and the update's
+one device read (whether every rank's loss is finite, the budget proposed, every ``log_every`` updates the running
+totals for the progress bar).
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import time
-from collections.abc import Iterator
-from contextlib import nullcontext
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from srforge.atomic import disk_full_names
 from srforge.config import ConfigError
-from srforge.config.schema import Config
-from srforge.constants import UNET_CLASSES
 from srforge.data import DataError
+from srforge.locks import LOCK_NAME, FolderLostError
 from srforge.models.class_map import class_map
 from srforge.models.contract import class_name
 from srforge.runtime import distributed
-from srforge.runtime.checkpoint import class_names_or_default
+from srforge.runtime.checkpoint import class_names_or_default, save_checkpoint
 from srforge.runtime.device import autocast
-from srforge.runtime.device_memory import is_out_of_memory, pixels_text
-from srforge.runtime.distributed import Processes
-from srforge.train.from_config import (
-    build_data,
-    build_loaders,
-    build_model,
-    build_optimization,
-    crop_training_scans,
-    scan_warnings,
-    set_checkpointing,
-    training_device,
-    wrap_for_training,
-)
-from srforge.train.hooks import built_in_hooks, user_hooks
+from srforge.runtime.device_memory import pixels_text
+from srforge.train.from_config import wrap_for_training
+from srforge.train.hooks import named_hooks
 from srforge.train.losses import segmentation_loss, valid_pixels
 from srforge.train.metrics import confusion_matrix, scores
-from srforge.train.pixel_budget import PixelBudget, ScanTooLargeError, plan_memory, scan_too_large
+from srforge.train.pixel_budget import PixelBudget, ScanTooLargeError, scan_too_large
 from srforge.train.prepare import write_run_config
-from srforge.train.rng import rng_state, seed_everything, set_rng_state
-from srforge.train.stop import PeerLostError, WorkerLostError, cause, peer_lost, worker_lost
+from srforge.train.rng import rng_state, set_rng_state
+from srforge.train.settings import TrainSettings
+from srforge.train.stop import PeerLostError, WorkerLostError, cause, interrupts_held, peer_lost, worker_lost
+from srforge.train.update import (
+    Update,
+    average_gradients,
+    backward_or_none,
+    halves,
+    no_sync,
+    parts_of,
+    read_update,
+    zero_sums,
+)
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; the message names the step and the batch's samples."""
 
 
-@dataclass
-class Update:
-    """The optimizer update being gathered: its batches' sums (added to the epoch's only if it is stepped), their
-    sample names, and the loss weights' state: ``unit`` (valid pixels of its first weighted part, at least 1),
-    ``valid`` (valid pixels of every weighted part so far), ``weighted`` (whether any part was weighted, so that
-    the gradients need rescaling by unit / valid), ``proposal`` (the budget this rank proposes after running out of
-    memory; infinite when it did not)."""
+class LoaderEpochs:
+    """A plain iterable of batches (a DataLoader) as the Trainer asks for an epoch's batches: ``epoch(e, skip)``
+    calls ``set_epoch(e)`` on its sampler or batch sampler where they have one, and leaves out the first ``skip``
+    batches (a resumed epoch). Exact resume mid-epoch holds when the order depends on the epoch alone."""
 
-    totals: torch.Tensor  # float64 [3]: loss sum, batches, real pixels
-    confusion: torch.Tensor  # int64 [K, K]
-    names: list = field(default_factory=list)
-    batches: int = 0
-    unit: torch.Tensor | None = None
-    valid: torch.Tensor | None = None
-    weighted: bool = False
-    proposal: float = math.inf
+    def __init__(self, loader: Iterable):
+        self.loader = loader
+        self.num_workers = getattr(loader, "num_workers", 0)
+
+    def epoch(self, epoch: int, skip: int = 0) -> _Skipped:
+        for part in (getattr(self.loader, "batch_sampler", None), getattr(self.loader, "sampler", None)):
+            if hasattr(part, "set_epoch"):
+                part.set_epoch(epoch)
+        return _Skipped(self.loader, skip)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+
+class _Skipped:
+    """``loader`` without its first ``skip`` batches, sized."""
+
+    def __init__(self, loader: Iterable, skip: int):
+        self.loader, self.skip = loader, skip
+
+    def __len__(self) -> int:
+        return max(0, len(self.loader) - self.skip)
+
+    def __iter__(self):
+        return itertools.islice(iter(self.loader), self.skip, None)
+
+
+def model_facts(model: torch.nn.Module, class_names: Sequence[str] | None = None) -> dict[str, Any]:
+    """What a checkpoint records to rebuild ``model`` from the file alone, for a model handed to the Trainer: its
+    import path and the contract's arguments (a class that takes others needs them given as ``facts``)."""
+    return {
+        "model_class": f"{type(model).__module__}:{type(model).__qualname__}",
+        "model_args": {"in_channels": model.in_channels, "num_classes": model.num_classes},
+        "model_norm": "keep",
+        "class_names": class_names_or_default(class_names, model.num_classes),
+        "image_mode": "RGB",
+        "config": None,
+    }
 
 
 class Trainer:
-    """A training run: builds its parts from ``cfg`` in this process (``processes``, from srforge.runtime.
-    distributed), writes into ``run_dir`` (main process; ``lock``, the run folder's FolderLock, is checked before
-    every checkpoint), and continues ``ckpt`` when given.
+    """A training run of ``model`` on ``train_loader``'s batches, validated on ``val_loader``'s.
 
-    Progress is ``epoch`` (complete epochs), ``step`` (optimizer updates) and ``batches_done`` (of the running
-    epoch, skipped ones too), advanced update by update, so that a stop anywhere knows what last.pt must hold: an
-    update boundary. ``row`` is the running epoch's metrics row (hooks add to it), ``summary`` what :meth:`train`
-    returns, ``averaged`` the model that validation and best.pt use when it is not ``model`` (EMA), and
-    ``stop_requested`` ends the run after the running epoch (early stopping).
+    ``train_loader``: any iterable of collated batches (``batch.image`` [B, C, H, W] uint8 or float, ``batch.mask``
+    [B, H, W] class ids with ``settings.ignore_index`` in padding, ``batch.sizes`` [B, 2], ``batch.name``), e.g. a
+    DataLoader with :class:`srforge.data.AlignedCollate`; or an object with ``epoch(epoch, skip)`` that returns one
+    epoch's batches (srforge's own size-grouped loaders). ``optimizer`` (default AdamW, lr 1e-3), ``scheduler``
+    (default constant), ``scaler`` (default: a GradScaler for fp16), ``loss`` (logits, mask) -> scalar (default
+    cross-entropy over valid pixels), ``hooks`` run between validation and the checkpoints (objects, or (name, hook)
+    pairs: a hook with state is saved under its name), ``settings`` (:class:`TrainSettings`), ``run_dir`` (where
+    checkpoints and metrics go: None writes none), ``budget`` (:class:`PixelBudget`; None: no bound), ``memory``
+    (the measured step memory, reported per epoch), ``facts`` (what checkpoints record of the model and its data;
+    default :func:`model_facts`), ``lock`` (the run folder's FolderLock, checked before every write), ``cfg`` (the
+    resolved config, when built from one).
+
+    Documented attributes, for hooks to read: ``model`` (the bare model), ``net`` (what the step calls: compiled
+    and/or DDP-wrapped), ``averaged`` (the weights validation and best.pt use when not ``model``: EMA), ``optimizer``,
+    ``scheduler``, ``settings``, ``processes``, ``device``, ``run_dir``, ``num_classes``, ``epoch`` (complete
+    epochs), ``step`` (optimizer updates), ``batches_done`` (of the running epoch), ``epoch_batches``, ``stepped``
+    and ``update_batches`` (of the last update), ``progress`` (:class:`srforge.train.update.Progress` of the last
+    read, or None), ``started`` (the pass's clock), ``row`` (the epoch's metrics), ``summary``, ``stop_requested``,
+    ``stopped_by`` (why the run is stopping: "Ctrl-C", "SIGTERM", a message; None while it runs).
     """
 
-    def __init__(
-        self, cfg: Config, processes: Processes, run_dir: Path, ckpt: dict[str, Any] | None = None, *, lock=None
+    def __init__(  # noqa: PLR0913 (keyword-only options, as test_structure allows a public class)
+        self,
+        model: torch.nn.Module,
+        train_loader,
+        val_loader: Iterable | None = None,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler=None,
+        scaler: torch.amp.GradScaler | None = None,
+        loss=None,
+        hooks: Sequence = (),
+        settings: TrainSettings | None = None,
+        run_dir: str | Path | None = None,
+        processes: distributed.Processes | None = None,
+        budget: PixelBudget | None = None,
+        memory=None,
+        facts: dict[str, Any] | None = None,
+        lock=None,
+        cfg=None,
     ):
-        tcfg, dcfg, seed = cfg.train, cfg.data, cfg.run.seed
-        self.cfg, self.processes, self.run_dir, self.lock = cfg, processes, Path(run_dir), lock
-        self.device = training_device(processes, cfg.run.device, tcfg.precision)
-        seed_everything(seed)
-        depth = cfg.model.depth if cfg.model.class_ in UNET_CLASSES else None  # others' divisors come from them
-        k, layout = cfg.model.num_classes, tcfg.channels_last
-        data = build_data(dcfg, num_classes=k, seed=seed, run_dir=self.run_dir, depth=depth, channels_last=layout)
-        self.model, self.model_args = build_model(cfg.model, self.device, tcfg.channels_last, load_weights=ckpt is None)
-        set_checkpointing(self.model, cfg.model.checkpointing)
-        crop_training_scans(data, dcfg.crop, self.model.size_divisor)
-        if processes.main:
-            for line in scan_warnings(data, self.model.size_divisor):
-                print(f"srforge: warning: {line}")
-        self.loss = functools.partial(segmentation_loss, ignore_index=dcfg.ignore_index, dice_weight=tcfg.dice_weight)
-        self.memory, pixels = plan_memory(cfg, self.model, data, self.device, processes)
-        self.loaders = build_loaders(
-            dcfg, data, divisor=self.model.size_divisor, seed=seed, processes=processes, device=self.device,
-            max_pixels=pixels, channels_last=tcfg.channels_last,
-        )  # fmt: skip
-        self.budget = PixelBudget(pixels, self.loaders.sampler)
-        if ckpt is not None:  # before the schedule counts the epoch's batches, which the budget cuts
-            self.budget.load_state_dict(ckpt.get("memory"))
-        self.optimizer, self.scheduler, self.scaler = build_optimization(
-            self.model,
-            device=self.device,
-            lr=tcfg.lr,
-            weight_decay=tcfg.weight_decay,
-            warmup_steps=tcfg.warmup_steps,
-            min_lr_ratio=tcfg.min_lr_ratio,
-            total_steps=tcfg.epochs * math.ceil(len(self.loaders.sampler) / tcfg.accumulate),
-            precision=tcfg.precision,
-        )
-        self.epoch = self.step = self.batches_done = 0
+        self.settings = s = settings or TrainSettings()
+        self.model, self.cfg, self.lock, self.memory = model, cfg, lock, memory
+        self.processes = processes or distributed.environment()
+        self.device = self.processes.device or next(model.parameters()).device
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.num_classes = model.num_classes
+        self.source = train_loader if hasattr(train_loader, "epoch") else LoaderEpochs(train_loader)
+        self.val_loader = val_loader
+        self.loss = loss or (lambda logits, mask: segmentation_loss(logits, mask, ignore_index=s.ignore_index))
+        self.optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+        self.scheduler = scheduler or torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
+        self.scaler = scaler or torch.amp.GradScaler(self.device.type, enabled=s.precision == "fp16")
+        self.budget = budget or PixelBudget(None)
+        self.facts = facts or model_facts(model)
+        self.epoch = self.step = self.batches_done = self.epoch_batches = self.update_batches = 0
         self.row: dict[str, Any] = {}
         self.summary: dict[str, Any] = {"run_dir": str(self.run_dir), "best_mean_iou": -math.inf}
-        self.summary["class_names"] = class_names_or_default(cfg.model.class_names, cfg.model.num_classes)
+        self.summary["class_names"] = self.facts["class_names"]
         self.averaged: torch.nn.Module | None = None
-        self.stop_requested, self.stopped_by, self.saved_at = False, None, "last.pt (rank 0 writes it)"
+        self.stop_requested, self.stopped_by, self.stepped, self.progress = False, None, False, None
         self.saved_epoch_end: int | None = None  # the epoch whose end last.pt holds, once this run wrote it
-        self.stepped, self.update_batches, self.shown = False, 0, None
+        self.saved_at, self.best_saved = "last.pt (rank 0 writes it)", -math.inf
+        self.last_saved = "what it held when this run started (if it existed)"
         self.start_pass()
-        before, after = built_in_hooks(self)  # EMA copies the model: before it is compiled
-        named = [*((h.name, h) for h in before), *user_hooks(tcfg.hooks), *((h.name, h) for h in after)]
-        self.hook_names, self.hooks = [name for name, _ in named], [hook for _, hook in named]
-        for hook in self.hooks:
-            hook.trainer = self
-        self.net = wrap_for_training(self.model, compile=tcfg.compile, world=processes.world, device=self.device)
+        self.hook_names, self.hooks = named_hooks(self, hooks)
+        self.net = wrap_for_training(model, compile=s.compile, world=self.processes.world, device=self.device)
+
+    @classmethod
+    def from_config(cls, cfg, processes=None, run_dir=None, ckpt: dict[str, Any] | None = None, *, lock=None):
+        """The Trainer srforge-train runs: data, model, memory plan, loaders, optimization and hooks built from a
+        resolved config (:func:`srforge.train.assemble.trainer_parts`), ``ckpt`` restored when given."""
+        from srforge.train.assemble import trainer_parts  # the config's builders, beside the core
+
+        processes = processes or distributed.environment()
+        run_dir = Path(run_dir if run_dir is not None else cfg.run.dir)
+        parts = trainer_parts(cfg, processes, run_dir, ckpt)
+        trainer = cls(**parts, processes=processes, run_dir=run_dir, lock=lock, cfg=cfg)
         if ckpt is not None:
-            self.load_state_dict(ckpt)
+            trainer.load_state_dict(ckpt)
             if processes.main:
-                print(f"srforge: resuming {self.run_dir.resolve()} at epoch {self.epoch + 1}, step {self.step}")
+                where = f"epoch {trainer.epoch + 1}, step {trainer.step}"
+                print(f"srforge: resuming {trainer.run_dir.resolve()} at {where}")
         if processes.main:
-            write_run_config(self.run_dir, cfg)
+            write_run_config(trainer.run_dir, cfg)
+        return trainer
 
     @property
     def params(self) -> list[torch.Tensor]:
         """The parameters the optimizer updates: their gradients are clipped, averaged and set aside."""
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
+    # -- the calls hooks change the trainer through ------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """End the run after the running epoch (early stopping)."""
+        self.stop_requested = True
+
+    def add_to_row(self, values: dict[str, Any]) -> None:
+        """Add ``values`` to the running epoch's metrics row (written by the metrics hook, kept in the summary)."""
+        self.row.update(values)
+
+    def add_to_summary(self, values: dict[str, Any]) -> None:
+        """Add ``values`` to what :meth:`train` returns (the checkpoint hook's best validation mean IoU)."""
+        self.summary.update(values)
+
+    def use_averaged(self, model: torch.nn.Module | None) -> None:
+        """Validate and keep in best.pt ``model`` (averaged weights) instead of the bare model; None: the model."""
+        self.averaged = model
+
     # -- the loop ------------------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
-        """Run the epochs due (``train.epochs``, at most ``train.stop_after`` of them in this call); returns the
-        summary: the last epoch's metrics row, the best validation mean IoU, the run folder, the class names.
+        """Run the epochs due (``settings.epochs``, at most ``settings.stop_after`` of them in this call); returns
+        the summary: the last epoch's metrics row, the best validation mean IoU, the run folder, the class names.
 
         A Ctrl-C or SIGTERM, a DataLoader worker the system killed (WorkerLostError) or a scan too large for the
-        device even alone (ScanTooLargeError) stops the run resumably: the hooks' after_train sees
-        ``stopped_by`` (last.pt is written at the batch reached), then the error propagates. Another torchrun
-        process that died (a failed collective) is a PeerLostError saying what last.pt holds; nothing more is
-        written, since the ranks can no longer agree.
+        device even alone (ScanTooLargeError) stops the run resumably: last.pt is written at the batch reached,
+        then the error propagates. Another torchrun process that died (a failed collective) is a PeerLostError
+        saying what last.pt holds; nothing more is written, since the ranks can no longer agree. The hooks'
+        after_train runs whatever happens.
         """
-        tcfg = self.cfg.train
-        last = tcfg.epochs if tcfg.stop_after is None else min(tcfg.epochs, self.epoch + tcfg.stop_after)
-        if self.epoch >= tcfg.epochs and self.processes.main:
-            print(f"srforge: {self.run_dir} has trained all {tcfg.epochs} epochs (train.epochs); nothing to do. "
+        s = self.settings
+        last = s.epochs if s.stop_after is None else min(s.epochs, self.epoch + s.stop_after)
+        if self.epoch >= s.epochs and self.processes.main:
+            print(f"srforge: {self.run_dir} has trained all {s.epochs} epochs (train.epochs); nothing to do. "
                   "Raise train.epochs to train further.")  # fmt: skip
         self.call("before_train")
+        try:
+            stop = self.run_epochs(last)
+            if stop is not None:  # past the except blocks: the epoch's DataLoader and its workers are gone
+                self.stopped_by, error = stop
+                self.save_at_stop()
+                raise error if isinstance(error, KeyboardInterrupt) else self.stop_error(error)
+        finally:
+            self.call("after_train")
+        distributed.barrier()
+        return self.summary
+
+    def run_epochs(self, last: int) -> tuple[str, BaseException] | None:
+        """Epochs until ``last`` or a stop request; a resumable stop as (why, the error to end with), else None."""
         try:
             while self.epoch < last and not self.stop_requested:
                 self.run_epoch()
         except KeyboardInterrupt as interrupt:
-            self.stopped_by = cause(interrupt)
-            self.call("after_train")
-            raise
+            return cause(interrupt), interrupt
         except RuntimeError as error:
             peer = peer_lost(error, self.processes.world)
             if peer is not None:  # the group is broken: nothing more can be agreed on, last.pt stays as saved
@@ -207,23 +267,17 @@ class Trainer:
                     f"{peer}; {self.saved_at_epoch_end()} Resume the job as it was started (torchrun "
                     f"--nproc_per_node={self.processes.world} ...) with --resume {self.run_dir}"
                 ) from None
-            too_large = isinstance(error, ScanTooLargeError)
-            self.stopped_by = str(error) if too_large else worker_lost(error)
-            if self.stopped_by is None:
+            why = str(error) if isinstance(error, ScanTooLargeError) else worker_lost(error)
+            if why is None:
                 raise
-            kind = ScanTooLargeError if too_large else WorkerLostError
-        if self.stopped_by is not None:  # past the except block: the epoch's DataLoader and its workers are gone
-            self.call("after_train")
-            raise self.stop_error(kind)
-        self.call("after_train")
-        distributed.barrier()
-        return self.summary
+            return why, type(error)
+        return None
 
     def run_epoch(self) -> None:
         """One epoch's training pass, update by update, then the epoch's hooks (validation, checkpoints, logs).
         A resumed epoch skips the batches its checkpoint had done."""
         self.budget.start_epoch(fresh=self.batches_done == 0)
-        loader = self.loaders.epoch(self.epoch, skip=self.batches_done)
+        loader = self.source.epoch(self.epoch, skip=self.batches_done)
         self.epoch_batches, first = len(loader), self.batches_done
         self.start_pass()
         self.call("before_epoch")
@@ -239,115 +293,97 @@ class Trainer:
         self.summary.update(self.row)
         self.epoch, self.batches_done = self.epoch + 1, 0
 
-    def run_step(self, batches: Iterator) -> bool:
-        """One optimizer update over the next ``train.accumulate`` batches (fewer at the epoch's end); False when
-        there was none left."""
-        update = Update(*self.zeros())
+    def run_step(self, batches) -> bool:
+        """One optimizer update: forward, loss and backward of the next ``accumulate`` batches (fewer at the
+        epoch's end), then the update; False when there was no batch left."""
+        update = Update.empty(self.num_classes, self.device, self.settings.ignore_index)
         self.optimizer.zero_grad(set_to_none=True)
-        for batch in itertools.islice(batches, self.cfg.train.accumulate):
-            self.run_batch(update, batch)
+        for batch in itertools.islice(batches, self.settings.accumulate):
+            self.forward_backward(update, batch)
         if not update.batches:
             return False
-        self.finish_update(update)
+        self.apply_update(update)
         return True
 
-    def run_batch(self, update: Update, batch) -> None:
-        """Forward and backward of one collated batch into the gradients: whole, or in parts of at most the
-        budget's pixels, halving any part that runs out of memory; its sums into ``update``."""
+    def forward_backward(self, update: Update, batch) -> None:
+        """Forward, loss and backward of one collated batch into the gradients: whole, or in parts of at most the
+        budget's pixels, halving any part that runs out of memory (:meth:`run_parts`); its sums into ``update``."""
         image, mask, sizes = self.to_device(batch)
         names = batch.name if isinstance(batch.name, list) else [batch.name]
-        count, per_part, pixels = image.shape[0], self.budget.scans_per_part(image.shape), image[0, 0].numel()
-        parts = [(lo, min(lo + per_part, count)) for lo in range(0, count, per_part)]
-        weighted = self.cfg.train.accumulate > 1 or len(parts) > 1
-        losses, failed_at, largest_fit = [], None, 0
-        while parts:
-            lo, hi = parts.pop(0)
-            done = self.try_part(update, (image[lo:hi], mask[lo:hi], sizes[lo:hi]), weighted)
-            if done is None:  # out of memory: every part of this batch from now on is weighted
-                failed_at = failed_at or (hi - lo) * pixels
-                if hi - lo == 1:
-                    raise scan_too_large(names, batch.sizes, lo, image.shape, self.device)
-                if not weighted:
-                    weighted, losses = True, []
-                parts[:0] = [(lo, (lo + hi) // 2), ((lo + hi) // 2, hi)]
-                continue
-            losses.append(done)
-            if failed_at is not None:
-                largest_fit = max(largest_fit, (hi - lo) * pixels)
-        update.weighted |= weighted
+        parts = parts_of(image.shape[0], self.budget.scans_per_part(image.shape))
+        weighted = self.settings.accumulate > 1 or len(parts) > 1
+        losses, weighted, alone, failed, fit = self.run_parts((image, mask, sizes), parts, weighted, update)
+        if alone is not None:
+            raise scan_too_large(names, batch.sizes, alone, image.shape, self.device)
+        update.weights.used |= weighted
         update.totals += self.batch_totals(losses, mask, sizes)
         update.names.extend(names)
         update.batches += 1
-        if failed_at is not None:
-            update.proposal = min(update.proposal, largest_fit)
-            self.report_out_of_memory(names, image.shape, failed_at, largest_fit)
+        if failed is not None:
+            update.proposal = min(update.proposal, fit)
+            self.report_out_of_memory(names, image.shape, failed, fit)
 
-    def try_part(self, update: Update, part: tuple, weighted: bool) -> tuple[torch.Tensor, Any] | None:
-        """Forward, loss and backward of one part (image, mask, sizes), its gradients added to those held so far;
-        the loss weighted by its share of the update's valid pixels when ``weighted``. Returns (its loss, detached;
-        its valid pixels or None), or None when the device ran out of memory, with no trace of the part left in the
-        gradients (those so far are set aside during the backward and put back). Under DDP the backward does not
-        reduce (the update averages once at its end)."""
+    def run_parts(self, batch: tuple, parts: list, weighted: bool, update: Update) -> tuple:
+        """Each part (lo, hi) of ``batch`` through :meth:`part_step`; a part out of memory is redone in halves, and
+        from then on every part of the batch is weighted. Returns (the parts' (loss, valid pixels), weighted, the
+        index of a scan that failed alone or None, the pixels of the first part that failed or None, the largest
+        part that fit after it)."""
+        losses, failed_at, largest_fit, pixels = [], None, 0, batch[0][0, 0].numel()
+        while parts:
+            lo, hi = parts.pop(0)
+            part = tuple(t[lo:hi] for t in batch)
+            done = backward_or_none(self.params, lambda: self.part_step(part, weighted, update), self.device)
+            if done is None:
+                failed_at = failed_at or (hi - lo) * pixels
+                if hi - lo == 1:
+                    return losses, weighted, lo, failed_at, largest_fit
+                if not weighted:
+                    weighted, losses = True, []
+                parts[:0] = halves(lo, hi)
+                continue
+            losses.append(done[:2])
+            if weighted:  # the part is in the gradients: its pixels count
+                update.weights.count(done[2])
+            update.confusion += confusion_matrix(class_map(done[3]), part[1], self.num_classes, self.ignore_index)
+            if failed_at is not None:
+                largest_fit = max(largest_fit, (hi - lo) * pixels)
+        return losses, weighted, None, failed_at, largest_fit
+
+    def part_step(self, part: tuple, weighted: bool, update: Update) -> tuple:
+        """Forward, loss and backward of one part (image, mask, sizes): the plain step. Returns (its loss,
+        detached; its valid pixels or None; the pending weight; the logits, detached)."""
         image, mask, sizes = part
-        params = self.params
-        held = [p.grad for p in params]
-        for p in params:
-            p.grad = None
-        valid = unit = None
-        try:
-            with self.net.no_sync() if isinstance(self.net, DistributedDataParallel) else nullcontext():
-                with autocast(self.device, self.cfg.train.precision):
-                    logits = self.net(image, sizes.clone())  # the model's own copy: srforge counts with sizes
-                loss = self.loss(logits, mask)
-                scaled = loss
-                if weighted:
-                    valid = valid_pixels(mask, self.cfg.data.ignore_index)
-                    unit = update.unit if update.unit is not None else valid.clamp_min(1)
-                    scaled = loss * (valid.double() / unit).to(loss.dtype)
-                self.scaler.scale(scaled).backward()
-            done = loss.detach(), valid
-        except RuntimeError as error:
-            if not is_out_of_memory(error):
-                raise
-            done = logits = None
-        for p, old in zip(params, held):
-            p.grad = old if done is None or p.grad is None else (p.grad if old is None else old.add_(p.grad))
-        if done is None:
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()  # the failed part's blocks, in sizes the halves may not reuse
-            return None
-        if weighted:  # the part is in the gradients: its pixels count
-            update.unit, update.valid = unit, valid if update.valid is None else update.valid + valid
-        with torch.no_grad():
-            update.confusion += confusion_matrix(
-                class_map(logits.detach()), mask, self.cfg.model.num_classes, self.cfg.data.ignore_index
-            )
-        return done
+        with no_sync(self.net):
+            with autocast(self.device, self.settings.precision):
+                logits = self.net(image, sizes.clone())  # the model's own copy: srforge counts with sizes
+            loss = scaled = self.loss(logits, mask)
+            pending = None
+            if weighted:
+                scaled, pending = update.weights.scaled(loss, mask)
+            self.scaler.scale(scaled).backward()
+        return loss.detach(), None if pending is None else pending[0], pending, logits.detach()
 
-    def finish_update(self, update: Update) -> None:
+    def apply_update(self, update: Update) -> None:
         """End an update: gradients rescaled (weighted parts) and averaged across ranks, the one read, then the
         optimizer step (or the non-finite handling), the budget lowered if any rank ran out of memory, the sums."""
-        tcfg = self.cfg.train
-        if update.weighted:
-            factor = (update.unit.double() / update.valid.clamp_min(1)).float()
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.mul_(factor.to(p.grad.dtype))
+        s = self.settings
+        update.weights.rescale(self.params)
         if self.processes.world > 1:
             average_gradients(self.params, self.processes.world)
-        every = tcfg.log_every
+        every = s.log_every
         log = self.processes.main and (self.batches_done + update.batches) // every > self.batches_done // every
-        finite, proposal, self.shown = self.read_update(update, log)
-        self.budget.lower(proposal)
+        reading = read_update(update, self.totals, self.confusion, log)
+        self.progress = reading.progress
+        self.budget.lower(reading.proposal)
         self.batches_done += update.batches
-        self.stepped, self.update_batches = finite, update.batches
-        if not finite:
+        self.stepped, self.update_batches = reading.finite, update.batches
+        if not reading.finite:
             self.non_finite(update)
             self.optimizer.zero_grad(set_to_none=True)
             return
-        if tcfg.grad_clip:
+        if s.grad_clip:
             self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.params, tcfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.params, s.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
@@ -355,20 +391,15 @@ class Trainer:
         self.totals += update.totals
         self.confusion += update.confusion
 
+    @property
+    def ignore_index(self) -> int:
+        return self.settings.ignore_index
+
     def start_pass(self) -> None:
         """Zero the training pass's sums (on the device: loss sum, batches stepped, real pixels; the confusion
         matrix of the predictions taken in training) and start its clock."""
-        self.totals, self.confusion = self.zeros()
+        self.totals, self.confusion = zero_sums(self.num_classes, self.device)
         self.started = time.perf_counter()
-
-    # -- the pieces of a step ------------------------------------------------------------------------------------
-    def zeros(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(float64 [3], int64 [K, K]) zeros on the device: an update's totals and confusion matrix."""
-        k = self.cfg.model.num_classes
-        return (
-            torch.zeros(3, dtype=torch.float64, device=self.device),
-            torch.zeros(k, k, dtype=torch.int64, device=self.device),
-        )
 
     def to_device(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(image uint8 [B, C, H, W], mask int64 [B, H, W], sizes int64 [B, 2]) of a collated batch, on the device.
@@ -380,7 +411,7 @@ class Trainer:
         image = batch.image.to(self.device, non_blocking=True)
         mask = batch.mask.to(self.device, non_blocking=True).long()
         sizes = batch.sizes.to(self.device, non_blocking=True)
-        if self.cfg.train.channels_last:
+        if self.settings.channels_last:
             image = image.contiguous(memory_format=torch.channels_last)
         return image, mask, sizes
 
@@ -390,33 +421,18 @@ class Trainer:
         if len(parts) == 1:
             loss = parts[0][0].detach().double()
         else:
-            total = valid_pixels(mask, self.cfg.data.ignore_index).clamp_min(1).double()
+            total = valid_pixels(mask, self.ignore_index).clamp_min(1).double()
             loss = sum(part.double() * valid / total for part, valid in parts)
         return torch.stack([loss, torch.ones_like(loss), sizes.prod(1).sum().double()])
 
-    def read_update(self, update: Update, log: bool) -> tuple[bool, float, list[float] | None]:
-        """The update's one read: whether every rank's loss is finite and the smallest budget any rank proposes
-        after running out of memory (one all-reduce MIN of both), and with ``log`` the epoch's totals so far, in
-        one transfer. All ranks must agree to step or to skip, or DDP hangs, and on the budget, or their samplers
-        part ways. Returns (finite, proposal (infinite: none), [loss sum, batches, real pixels, the K x K confusion
-        matrix flattened] with ``log``, else None)."""
-        finite = torch.isfinite(update.totals[0]).double().reshape(1)
-        proposal = torch.full((1,), update.proposal, dtype=torch.float64, device=finite.device)
-        agreed = distributed.reduce_min(torch.cat([finite, proposal]))
-        if not log:
-            packet = agreed.tolist()
-            return packet[0] > 0, packet[1], None
-        values = torch.cat([agreed, self.totals, self.confusion.flatten().double()]).tolist()
-        return values[0] > 0, values[1], values[2:]
-
     def non_finite(self, update: Update) -> None:
         """A non-finite loss: NonFiniteLossError naming the step and the update's samples, or with
-        ``train.skip_nonfinite`` a line (main process)."""
+        ``settings.skip_nonfinite`` a line (main process)."""
         message = (
             f"non-finite loss {update.totals[0].item()} at step {self.step + 1} (epoch {self.epoch + 1}) on samples "
             f"{update.names}"
         )
-        if not self.cfg.train.skip_nonfinite:
+        if not self.settings.skip_nonfinite:
             raise NonFiniteLossError(message + "; set train.skip_nonfinite=true to skip such batches.")
         if self.processes.main:
             tqdm.write(f"srforge: skipped a batch with a {message}")
@@ -450,7 +466,7 @@ class Trainer:
             "train_mean_iou": train_scores["mean_iou"],
             "real_pixels_per_s": pixels / seconds,
             "seconds": seconds,
-            "bytes_per_pixel": self.memory.bytes_per_pixel,
+            "bytes_per_pixel": None if self.memory is None else self.memory.bytes_per_pixel,
             "max_pixels": self.budget.pixels,
             "out_of_memory": self.budget.events,
         }
@@ -467,7 +483,7 @@ class Trainer:
                 "loss diverged."
             )
         if whole and stepped and no_class:
-            ignore, k = self.cfg.data.ignore_index, self.cfg.model.num_classes
+            ignore, k = self.ignore_index, self.num_classes
             raise DataError(
                 f"no training pixel has a class: every mask of the training set is data.ignore_index={ignore} (epoch "
                 f"{epoch}, {batches} batches), so there is nothing to learn. Check that the masks hold class ids "
@@ -475,21 +491,21 @@ class Trainer:
             )
 
     @torch.no_grad()
-    def validate(self, model: torch.nn.Module) -> dict[str, Any]:
-        """Validation of ``model`` (the bare model or its average: no gradients to average) over this rank's
-        validation batches, summed across ranks: :func:`srforge.train.metrics.scores` of the confusion matrix over
-        valid pixels, plus ``loss`` (the mean over batches of the training loss; NaN with no batch). Sums stay on
-        the device until the one read at the end."""
-        k = self.cfg.model.num_classes
+    def validate(self, model: torch.nn.Module | None = None) -> dict[str, Any]:
+        """Validation of ``model`` (default: the averaged weights, else the bare model: no gradients to average)
+        over this rank's validation batches, summed across ranks: :func:`srforge.train.metrics.scores` of the
+        confusion matrix over valid pixels, plus ``loss`` (the mean over batches of the training loss; NaN with no
+        batch). Sums stay on the device until the one read at the end."""
+        if model is None:
+            model = self.model if self.averaged is None else self.averaged
         model.eval()
-        confusion = torch.zeros(k, k, dtype=torch.int64, device=self.device)
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, batches, pixels
-        for batch in self.loaders.val:
+        totals, confusion = zero_sums(self.num_classes, self.device)
+        for batch in self.val_loader or ():
             image, mask, sizes = self.to_device(batch)
-            with autocast(self.device, self.cfg.train.precision):
+            with autocast(self.device, self.settings.precision):
                 logits = model(image, sizes.clone())
             totals += self.batch_totals([(self.loss(logits, mask), None)], mask, sizes)
-            confusion += confusion_matrix(class_map(logits), mask, k, self.cfg.data.ignore_index)
+            confusion += confusion_matrix(class_map(logits), mask, self.num_classes, self.ignore_index)
         distributed.reduce_sum(confusion)
         distributed.reduce_sum(totals)
         model.train()
@@ -501,7 +517,7 @@ class Trainer:
     # -- state ---------------------------------------------------------------------------------------------------
     def state_dict(self, *, epoch_end: bool = False) -> dict[str, Any]:
         """The training state, each stateful part's own: progress (``epoch_end``: as at the end of the running
-        epoch, else at the batch reached), model, optimizer, scheduler, scaler, sampler, pixel budget, every hook
+        epoch, else at the batch reached), model, optimizer, scheduler, scaler, batches, pixel budget, every hook
         that has state (by its name), the random generators."""
         named = zip(self.hook_names, self.hooks)
         hooks = {name: hook.state_dict() for name, hook in named if name and hasattr(hook, "state_dict")}
@@ -514,7 +530,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "sampler": self.loaders.sampler.state_dict(),
+            "sampler": self.source.state_dict(),
             "memory": self.budget.state_dict(),
             "hooks": hooks,
             "rng": rng_state(),
@@ -557,28 +573,75 @@ class Trainer:
         """What a checkpoint file holds: :meth:`state_dict` and the facts that rebuild the model from the file
         alone (srforge.runtime.checkpoint lists them). ``weights``: the module whose weights it keeps as the
         model's (best.pt keeps the averaged ones under EMA); the training state is the bare model's."""
-        mcfg = self.cfg.model
         state = self.state_dict(epoch_end=epoch_end)
         if weights is not None:
             state["model"] = weights.state_dict()
-        return {
-            **state,
-            "model_class": mcfg.class_,
-            "model_args": self.model_args,
-            "model_norm": mcfg.norm,
-            "size_divisor": self.model.size_divisor,
-            "class_names": self.summary["class_names"],
-            "ignore_index": self.cfg.data.ignore_index,
-            "image_mode": getattr(self.loaders.train.dataset, "image_mode", "RGB"),
-            "config": self.cfg.to_dict(),
-        }
+        facts = {key: value for key, value in self.facts.items() if key != "config" or value is not None}
+        return {**state, **facts, "size_divisor": self.model.size_divisor, "ignore_index": self.ignore_index}
+
+    def save(self, name: str, *, epoch_end: bool = True, weights: torch.nn.Module | None = None, best: float) -> None:
+        """Write checkpoint ``name`` into the run folder (main process; none without a run folder), ``best`` the
+        best validation mean IoU it records. The trainer notes what last.pt holds."""
+        if not self.processes.main or self.run_dir is None:
+            return
+        if self.lock is not None and not self.lock.held():
+            raise FolderLostError(
+                f"{self.run_dir} (or its {LOCK_NAME}) was removed while this run was writing into it, so another run "
+                f"may hold it now; this run stops without writing {name}. What it had written went with the folder: "
+                f"the training up to epoch {self.epoch + 1}, batch {self.batches_done} is lost unless you restored the "
+                "folder (then continue with --resume); else start the run again."
+            )
+        path = self.run_dir / name
+        with disk_full_names(path):
+            save_checkpoint({**self.checkpoint(epoch_end=epoch_end, weights=weights), "best_metric": best}, path)
+        if name == "last.pt":
+            self.best_saved = best
+            if epoch_end:
+                self.saved_epoch_end, self.last_saved = self.epoch, f"the end of epoch {self.epoch + 1}"
+
+    def save_at_stop(self) -> None:
+        """A resumable stop (``stopped_by``): last.pt at the batch reached, unless it holds this epoch's end already;
+        Ctrl-C and SIGTERM are held while it is written, and a second one that cuts the write short all the same
+        is said: last.pt then still holds what it held."""
+        if not self.processes.main or self.run_dir is None or (self.lock is not None and not self.lock.held()):
+            return
+        path, saved = self.run_dir / "last.pt", self.saved_epoch_end == self.epoch
+        where = f"the end of epoch {self.epoch + 1}" if saved else f"epoch {self.epoch + 1}, batch {self.batches_done}"
+        self.saved_at, written = f"{path} at {where}", saved
+        try:
+            with interrupts_held() as noted:
+                if not saved:
+                    self.save("last.pt", epoch_end=False, best=self.best_saved)
+                    written = True
+                if self.stopped_by in ("Ctrl-C", "SIGTERM"):
+                    tqdm.write(f"\nsrforge: interrupted; wrote {self.saved_at} ({self.stopped_by}). Continue with "
+                               f"--resume {self.run_dir}")  # fmt: skip
+                if noted:
+                    tqdm.write(f"srforge: {noted[0]} came while {path} was written; it was written in full first.")
+        except KeyboardInterrupt:
+            if not written:
+                tqdm.write(
+                    f"\nsrforge: interrupted again while {path} was written: it was NOT updated and still holds "
+                    f"{self.last_saved}, not {where}; --resume {self.run_dir} repeats the batches since."
+                )
+            raise
 
     def call(self, event: str) -> None:
-        """``event`` (before_train, before_epoch, after_step, after_epoch, after_train) on every hook, in order."""
-        for hook in self.hooks:
+        """``event`` (before_train, before_epoch, after_step, after_epoch, after_train) on every hook, in order. A
+        stop that comes once last.pt holds the epoch's end (held while it was written) lets the epoch's remaining
+        hooks run first, so that the epoch's row is written with the checkpoint that holds it."""
+        for i, hook in enumerate(self.hooks):
             method = getattr(hook, event, None)
-            if method is not None:
+            if method is None:
+                continue
+            try:
                 method()
+            except KeyboardInterrupt:
+                if event == "after_epoch" and self.saved_epoch_end == self.epoch:
+                    with interrupts_held():
+                        for rest in self.hooks[i + 1 :]:
+                            getattr(rest, event, lambda: None)()
+                raise
 
     def saved_at_epoch_end(self) -> str:
         """What last.pt holds when a run must stop without writing it: 'RUN/last.pt holds the end of epoch N.'"""
@@ -595,22 +658,6 @@ class Trainer:
             )
         return WorkerLostError(
             f"{self.stopped_by}; wrote {self.saved_at}. If memory ran short, use fewer data.num_workers (now "
-            f"{self.loaders.num_workers}) or smaller batches (data.batch_size, data.max_pixels); then continue with "
+            f"{self.source.num_workers}) or smaller batches (data.batch_size, data.max_pixels); then continue with "
             f"--resume {self.run_dir}"
         )
-
-
-def average_gradients(params: list[torch.Tensor], world: int) -> None:
-    """Every parameter's gradient averaged over the ``world`` ranks, one all-reduce per dtype (a parameter with
-    no gradient on this rank takes part with zeros, and receives the average)."""
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for p in params:
-        if p.requires_grad:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            by_dtype.setdefault(p.grad.dtype, []).append(p)
-    for group in by_dtype.values():
-        flat = torch.cat([p.grad.reshape(-1) for p in group])
-        distributed.reduce_sum(flat).div_(world)
-        for p, chunk in zip(group, flat.split([p.numel() for p in group])):
-            p.grad.copy_(chunk.view(p.grad.shape))
