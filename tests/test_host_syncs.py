@@ -24,7 +24,7 @@ if not hasattr(__import__("srforge.models.unet", fromlist=["x"]), "sizes_readabl
     pytest.skip("needs the UNet that reads sizes only in host memory (sizes_readable)", allow_module_level=True)
 
 HOST_FILES = ("/srforge/data/", "/torch/utils/data/", "/torch/optim/")
-HOST_FUNCTIONS = {("metrics.py", "scores"), ("unet.py", "check_sizes"), ("build.py", "build_model")}
+HOST_FUNCTIONS = {("metrics.py", "scores"), ("unet.py", "check_sizes"), ("from_config.py", "build_model")}
 
 
 class DeviceReads(sync_counter.SyncCounter):

@@ -18,8 +18,8 @@ import yaml
 from test_train import ROOT, TRAIN, TinyStrips, tiny_config
 from torch.utils.data import get_worker_info
 
-import srforge.train.hooks as state_module
 import srforge.train.assemble as step_module
+import srforge.train.trainer as state_module
 from srforge.cli import main_train
 from srforge.config import resolve
 from srforge.runtime.checkpoint import load_checkpoint
