@@ -9,13 +9,14 @@ repeats):
   plus the collate's copy into a [C, H, W] batch slot) and the floor: copying the decoded bytes into that slot;
 - the training loader (SegmentationFolder through FieldView with the mask check, SizeGroupedBatchSampler,
   AlignedCollate; in the main process, 1 and 2 workers) in scans/s: today's code (both copies, ``torch.unique``
-  mask checks), epoch 1 filling ``data.cache``, then epochs that read the cached folder ``--passes`` times: with a
-  fresh batch buffer for every batch (as before), with the trainer's BatchRing (workers reuse the buffers of released
-  batches), and with the ring and a channels-last cache and collate (``train.channels_last``);
+  mask checks), epoch 1 filling ``data.cache``, then epochs that read the cached folder ``--passes`` times: each
+  batch collated into a fresh buffer (shared memory inside a worker, as ``default_collate`` does), once with the
+  default [C, H, W] cache and collate and once with a channels-last cache and collate (``train.channels_last``);
 - prediction's host cost per scan: decoding plus the mask PNG, today's (PIL, level 6) against srforge's mask writer
   (:func:`srforge.predict.mask_png.gray_png`), and the bytes and milliseconds of every zlib level of PIL's writer
   on the scan's mask;
-- a projection for a 16-core machine (14 workers) against an estimated GPU step per scan.
+- a projection for a 16-core machine (14 workers, each at one worker's best epoch-2 rate) against an estimated GPU
+  step per scan.
 
     python benchmarks/bench_loader.py [--scans 10] [--repeats 5] [--passes 4] [--out FILE.json]
 """
@@ -44,7 +45,6 @@ import srforge.data.field_view as adapter  # noqa: E402
 from srforge.data.cache import DecodedCache  # noqa: E402
 from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.images import read_image, read_image_pil  # noqa: E402
-from srforge.data.memory import BatchRing  # noqa: E402
 from srforge.data.sampling import SizeGroupedBatchSampler  # noqa: E402
 from srforge.predict.mask_png import gray_png  # noqa: E402
 from srforge.synthetic import make_welllog_scans, welllog_scan  # noqa: E402
@@ -115,11 +115,11 @@ def decode_rows(files: dict, root: Path, repeats: int) -> list[dict]:
     return rows
 
 
-def loader_rate(root: Path, workers: int, cache, today: bool = False, channels_last: bool = False,
-                ring: bool = False, passes: int = 1) -> float:
+def loader_rate(
+    root: Path, workers: int, cache, today: bool = False, channels_last: bool = False, passes: int = 1
+) -> float:
     """Scans per second of one training epoch (batches of 2; the folder read ``passes`` times), from the first batch
-    to the last. ``ring``: the workers collate into a BatchRing and each batch is released when the next is drawn,
-    as the trainer does."""
+    to the last."""
     saved = (cache_module.read_image, datasets.invalid_mask_values, adapter.invalid_mask_values)
     if today:
         cache_module.read_image = today_read_image  # SegmentationFolder's reads go through cache_module
@@ -128,10 +128,9 @@ def loader_rate(root: Path, workers: int, cache, today: bool = False, channels_l
         folder = datasets.SegmentationFolder(root, num_classes=2)
         view = adapter.FieldView(folder, num_classes=2, cache=cache)
         sampler = SizeGroupedBatchSampler(folder.sizes(), batch_size=2, shuffle=True, seed=0)
-        buffers = BatchRing(workers, slots=4) if ring and workers else None
-        collate = AlignedCollate(32, channels_last=channels_last).with_ring(buffers)
+        collate = AlignedCollate(32, channels_last=channels_last)
         loader = DataLoader(view, batch_sampler=list(sampler) * passes, collate_fn=collate, num_workers=workers)
-        iterator = iter(loader) if buffers is None else buffers.batches(loader)
+        iterator = iter(loader)
         first = next(iterator)
         start, count = time.perf_counter(), 0
         for batch in iterator:
@@ -144,7 +143,7 @@ def loader_rate(root: Path, workers: int, cache, today: bool = False, channels_l
 
 def loader_rows(root: Path, scans: int, passes: int) -> list[dict]:
     """Per worker count: today's epoch, epoch 1 filling the cache (one pass), then epochs of ``passes`` passes over
-    the cached folder: fresh batch buffers, the trainer's BatchRing, and the ring with a channels-last cache."""
+    the cached folder: fresh batch buffers, with the default cache and collate and with channels-last ones."""
     make_welllog_scans(root / "train", scans, scale=1.0, workers=1)
     rows = []
     for workers in (0, 1, 2):
@@ -152,12 +151,9 @@ def loader_rows(root: Path, scans: int, passes: int) -> list[dict]:
         row = {"workers": workers, "today": loader_rate(root / "train", workers, None, today=True)}
         row["epoch1"] = loader_rate(root / "train", workers, cache)
         row["epoch2"] = loader_rate(root / "train", workers, cache, passes=passes)
-        row["epoch2_ring"] = loader_rate(root / "train", workers, cache, ring=True, passes=passes)
         pixels = DecodedCache(root / f"loader-cache-{workers}-cl", channels_last=True)
         loader_rate(root / "train", workers, pixels, channels_last=True)  # fills the channels-last entries
-        row["epoch2_ring_channels_last"] = loader_rate(
-            root / "train", workers, pixels, channels_last=True, ring=True, passes=passes
-        )
+        row["epoch2_channels_last"] = loader_rate(root / "train", workers, pixels, channels_last=True, passes=passes)
         rows.append(row)
     return rows
 
@@ -196,14 +192,12 @@ def report(decode: list, loader: list, levels: list, predict: list) -> dict:
     for r in decode:
         print(f"| {r['scan']} | {r['today']:.1f} | {r['new']:.1f} | {r['speedup']:.2f}x | {r['hit']:.2f} | "
               f"{r['floor']:.2f} | {r['hit_over_floor']:.2f}x |")  # fmt: skip
-    print("\n| workers | today scans/s | epoch 1 (cache filling) | epoch 2 (cache, fresh buffers) | epoch 2 (cache, "
-          "BatchRing) | epoch 2, ring, channels-last | ring x today |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| workers | today scans/s | epoch 1 (cache filling) | epoch 2 (cache) | epoch 2, channels-last |")
+    print("| --- | --- | --- | --- | --- |")
     for r in loader:
         print(f"| {r['workers']} | {r['today']:.2f} | {r['epoch1']:.2f} | {r['epoch2']:.1f} "
-              f"({r['epoch2'] / r['today']:.1f}x) | {r['epoch2_ring']:.1f} | {r['epoch2_ring_channels_last']:.1f} | "
-              f"{r['epoch2_ring'] / r['today']:.1f}x (channels-last "
-              f"{r['epoch2_ring_channels_last'] / r['today']:.1f}x) |")  # fmt: skip
+              f"({r['epoch2'] / r['today']:.1f}x) | {r['epoch2_channels_last']:.1f} "
+              f"({r['epoch2_channels_last'] / r['today']:.1f}x) |")  # fmt: skip
     print("\n| mask PNG setting | bytes | ms |\n| --- | --- | --- |")
     for r in levels:
         print(f"| {r['setting']} | {r['bytes']:,} | {r['ms']:.1f} |")
@@ -211,7 +205,7 @@ def report(decode: list, loader: list, levels: list, predict: list) -> dict:
     for r in predict:
         print(f"| {r['scan']} | {r['today']:.1f} | {r['new']:.1f} | {r['ratio']:.2f}x |")
     one = next(r for r in loader if r["workers"] == 1)
-    per_worker = one["epoch2_ring"]
+    per_worker = max(one["epoch2"], one["epoch2_channels_last"])
     gpu_ms = FLOPS_PER_PIXEL * MEAN_PIXELS / GPU_FLOPS * 1e3
     projection = {"scans_per_s_14_workers": 14 * per_worker, "gpu_ms_per_scan_estimate": gpu_ms}
     print(f"\nProjection (an estimate): 14 workers at epoch 2 deliver about {14 * per_worker:,.0f} scans/s (today "
@@ -225,8 +219,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scans", type=int, default=10, help="full-size scans in the training folder")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--passes", type=int, default=4, help="reads of the folder in a cached epoch (the ring's "
-                        "first slots are fresh buffers: a longer epoch measures it past them)")  # fmt: skip
+    parser.add_argument("--passes", type=int, default=4, help="reads of the folder in a cached epoch (a longer "
+                        "epoch measures the loader past its workers' start)")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/bench_loader.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
