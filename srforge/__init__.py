@@ -33,6 +33,8 @@ _EXPORTS = {
     "ScanArchive": "srforge.data.archive",
     "UNet": "srforge.models.unet",
     "Predictor": "srforge.predict.predictor",
+    "Trainer": "srforge.train.trainer",
+    "TrainSettings": "srforge.train.settings",
     "load_checkpoint": "srforge.runtime.checkpoint",
 }
 

@@ -45,7 +45,7 @@ def segmentation_loss(
 
     One optimizer update over several batches (or one batch in parts) weights each part's loss by its share of the
     update's valid pixels: the cross-entropy then equals exactly that of one batch holding them all; the Dice term,
-    a ratio over the whole batch, becomes the valid-pixel-weighted mean of the parts' Dice (srforge.train.step).
+    a ratio over the whole batch, becomes the valid-pixel-weighted mean of the parts' Dice (srforge.train.update).
     """
     logits = logits.float()  # once for both terms (under autocast the logits are bf16 / fp16)
     valid = valid_pixels(target, ignore_index).clamp_min(1)

@@ -38,7 +38,7 @@ from srforge.config import ConfigError
 from srforge.data import DataError
 from srforge.locks import LOCK_NAME, FolderLostError
 from srforge.models.class_map import class_map
-from srforge.models.contract import class_name
+from srforge.models.contract import check_attributes, class_name
 from srforge.runtime import distributed
 from srforge.runtime.checkpoint import class_names_or_default, save_checkpoint
 from srforge.runtime.device import autocast
@@ -70,15 +70,16 @@ class NonFiniteLossError(RuntimeError):
 
 class LoaderEpochs:
     """A plain iterable of batches (a DataLoader) as the Trainer asks for an epoch's batches: ``epoch(e, skip)``
-    calls ``set_epoch(e)`` on its sampler or batch sampler where they have one, and leaves out the first ``skip``
-    batches (a resumed epoch). Exact resume mid-epoch holds when the order depends on the epoch alone."""
+    calls ``set_epoch(e)`` on its batch sampler, sampler and dataset where they have one, and leaves out the first
+    ``skip`` batches (a resumed epoch). Exact resume mid-epoch holds when the order depends on the epoch alone."""
 
     def __init__(self, loader: Iterable):
         self.loader = loader
         self.num_workers = getattr(loader, "num_workers", 0)
 
     def epoch(self, epoch: int, skip: int = 0) -> _Skipped:
-        for part in (getattr(self.loader, "batch_sampler", None), getattr(self.loader, "sampler", None)):
+        parts = ("batch_sampler", "sampler", "dataset")  # each told the epoch: the order, the augmentation
+        for part in (getattr(self.loader, name, None) for name in parts):
             if hasattr(part, "set_epoch"):
                 part.set_epoch(epoch)
         return _Skipped(self.loader, skip)
@@ -130,7 +131,7 @@ class Trainer:
 
     Documented attributes, for hooks to read: ``model`` (the bare model), ``net`` (what the step calls: compiled
     and/or DDP-wrapped), ``averaged`` (the weights validation and best.pt use when not ``model``: EMA), ``optimizer``,
-    ``scheduler``, ``settings``, ``processes``, ``device``, ``run_dir``, ``num_classes``, ``epoch`` (complete
+    ``scheduler``, ``settings``, ``processes``, ``device``, ``run_dir``, ``val_loader``, ``num_classes``, ``epoch`` (complete
     epochs), ``step`` (optimizer updates), ``batches_done`` (of the running epoch), ``epoch_batches``, ``stepped``
     and ``update_batches`` (of the last update), ``progress`` (:class:`srforge.train.update.Progress` of the last
     read, or None), ``started`` (the pass's clock), ``row`` (the epoch's metrics), ``summary``, ``stop_requested``,
@@ -157,6 +158,7 @@ class Trainer:
         lock=None,
         cfg=None,
     ):
+        check_attributes(model, "Trainer(model)")
         self.settings = s = settings or TrainSettings()
         self.model, self.cfg, self.lock, self.memory = model, cfg, lock, memory
         self.processes = processes or distributed.environment()
