@@ -130,9 +130,10 @@ class Trainer:
     resolved config, when built from one).
 
     Documented attributes, for hooks to read: ``model`` (the bare model), ``net`` (what the step calls: compiled
-    and/or DDP-wrapped), ``averaged`` (the weights validation and best.pt use when not ``model``: EMA), ``optimizer``,
-    ``scheduler``, ``settings``, ``processes``, ``device``, ``run_dir``, ``val_loader``, ``num_classes``, ``epoch`` (complete
-    epochs), ``step`` (optimizer updates), ``batches_done`` (of the running epoch), ``epoch_batches``, ``stepped``
+    and/or DDP-wrapped), ``averaged`` (the weights validation and best.pt use when not ``model``: EMA),
+    ``optimizer``, ``scheduler``, ``settings``, ``processes``, ``device``, ``run_dir``, ``val_loader``,
+    ``num_classes``, ``epoch`` (complete epochs), ``step`` (optimizer updates), ``batches_done`` (of the running
+    epoch), ``epoch_batches``, ``stepped``
     and ``update_batches`` (of the last update), ``progress`` (:class:`srforge.train.update.Progress` of the last
     read, or None), ``started`` (the pass's clock), ``row`` (the epoch's metrics), ``summary``, ``stop_requested``,
     ``stopped_by`` (why the run is stopping: "Ctrl-C", "SIGTERM", a message; None while it runs).
