@@ -50,7 +50,15 @@ from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.entry import Entry  # noqa: E402
 from srforge.models import UNet  # noqa: E402
 from srforge.runtime.device import autocast, resolve_device  # noqa: E402
-from srforge.runtime.device_memory import AUTO_FRACTION, auto_budget, free_memory, peak_bytes, planning_share  # noqa: E402
+from srforge.runtime.device_memory import (  # noqa: E402
+    MEMORY_FRACTIONS,
+    auto_budget,
+    free_memory,
+    peak_bytes,
+    planning_share,
+)
+
+AUTO_FRACTION = MEMORY_FRACTIONS["train", "cuda"]
 from srforge.train.losses import segmentation_loss  # noqa: E402
 from srforge.train.pixel_budget import probe_memory  # noqa: E402
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from srforge.cli.errors import RUN_FAILED, fail
 from srforge.cli.predict import add_model_options, int_at_least, open_predictor
+from srforge.constants import IGNORE_INDEX
 
 PROG = "srforge-evaluate"
 
@@ -57,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int_at_least(0),
         default=None,
         help="--predictions mode: the id of "
-        "unlabelled pixels in the true masks (default 255; checkpoint mode: the checkpoint's)",
+        f"unlabelled pixels in the true masks (default {IGNORE_INDEX}; checkpoint mode: the checkpoint's)",
     )
     parser.add_argument("--output", help="folder for metrics.json, scans.csv, report.html, pictures/, predictions/")
     parser.add_argument("--tolerance", type=int_at_least(0), default=2, help="px for the tolerance F1 (default 2)")
@@ -108,7 +109,7 @@ def _checkpoint_models(args, out: Path):
     names = [list(m["predictor"].class_names) for m in models]
     if len(names) == 2 and names[0] != names[1]:
         raise ValueError(f"--checkpoint has classes {names[0]} and --compare {names[1]}; they must be the same")
-    ignore = load_checkpoint(args.checkpoint).get("ignore_index", 255)
+    ignore = load_checkpoint(args.checkpoint).get("ignore_index", IGNORE_INDEX)
     truths = LabelledArchive(data)
     scorer = Scorer(names[0], ignore, args.tolerance, models[0]["predictor"].device, args.max_pixels)
     return truths, models, scorer
@@ -144,7 +145,7 @@ def _prediction_models(args, out: Path):
         mark = _report_model(folder)
         models.append({"name": name, "source": str(folder), "fingerprint": mark, "predictions": predictions})
     device = resolve_device(rank_device(args.device))
-    ignore = 255 if args.ignore_index is None else args.ignore_index
+    ignore = IGNORE_INDEX if args.ignore_index is None else args.ignore_index
     scorer = Scorer(_class_names(args, folders[0]), ignore, args.tolerance, device, args.max_pixels)
     return truths, models, scorer
 

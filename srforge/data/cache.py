@@ -1,10 +1,10 @@
 """The decoded-scan cache (``data.cache``): each scan decoded once, read back at memory speed ever after.
 
-A full-size PNG scan costs a core about 150-330 ms to decode; its decoded pixels, mapped from the page cache, cost
-about what copying them does. The first time a file is read through a :class:`DecodedCache`, its decoded, oriented
-tensor (uint8; int64 for a 16-bit mask) is written into the cache folder as a ``.npy`` file; every later read of the
-unchanged file maps that entry into memory (copy-on-write: the caller may change the tensor, the entry stays as it
-is) instead of decoding::
+A full-size PNG scan costs a core a tenth of a second or more to decode; its decoded pixels, mapped from the page
+cache, cost about what copying them does (docs/performance.md, "Host data path"). The first time a file is read
+through a :class:`DecodedCache`, its decoded, oriented tensor (uint8; int64 for a 16-bit mask) is written into the
+cache folder as a ``.npy`` file; every later read of the unchanged file maps that entry into memory (copy-on-write:
+the caller may change the tensor, the entry stays as it is) instead of decoding::
 
     FOLDER/.srforge-cache            the marker: the folder is srforge's alone (a folder without it is refused)
     FOLDER/ab/ab12...ef.npy          one entry a source and decoding: [C, H, W] image ([H, W, C] for a

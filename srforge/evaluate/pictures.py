@@ -8,8 +8,8 @@ max-pooling over its block (FN over FP over TP over ignored), so that a 1-px cur
 grey by averaging.
 
 A picture is a palette PNG: one byte a pixel, the 128 greys of the dimmed scan then the four colours, compressed
-by Huffman codes alone (zlib's Z_HUFFMAN_ONLY: the dimmed scan's grain leaves little for string matching to find;
-measured on a 3116 x 155 scan: 5 ms and 259 kB, against 75 ms and 368 kB for the RGB PNG at zlib's default).
+by Huffman codes alone (zlib's Z_HUFFMAN_ONLY: the dimmed scan's grain leaves little for string matching to find,
+so it is both faster and smaller than an RGB PNG at zlib's default).
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ def class_map(logits: torch.Tensor, dim: int = 1, dtype: torch.dtype = torch.int
     the lower class, as argmax.
 
     logits [B, K, H, W] (dim 1) or [K, H, W] (dim 0) -> [B, H, W] or [H, W]. A running comparison over the K
-    classes: torch's CPU argmax over a short, strided class dimension measured 15-20x slower than this
-    (11 ms against 0.1 ms for [1, 2, 96, 1024]), enough to matter in training and prediction.
+    classes, because torch's CPU argmax over a short, strided class dimension is many times slower.
     """
     best = logits.select(dim, 0)
     index = torch.zeros(best.shape, dtype=dtype, device=logits.device)

@@ -39,19 +39,17 @@ from srforge.runtime.device import autocast, resolve_device
 from srforge.runtime.device_memory import cuda_pixel_budget, is_out_of_memory, processes_per_device
 
 # Padded pixels per batch on the CPU: srforge.constants.CPU_PIXELS (a full-scale 640 x 6,400 scan fits; wider ones
-# are tiled). On CUDA the default comes from the device: half its free memory over the model's bytes per pixel.
-# ``max_batch`` values: "auto" -> no cap on scans, and on CPU batches of at most CPU_BATCH_PIXELS; None or 0 -> no
-# cap; n >= 1 -> n scans at most.
+# are tiled). On CUDA the default comes from the device: its prediction share of the free memory over the model's
+# bytes per pixel (srforge.runtime.device_memory). ``max_batch`` values: "auto" -> no cap on scans, and on CPU
+# batches of at most CPU_BATCH_PIXELS; None or 0 -> no cap; n >= 1 -> n scans at most.
 #
 # On CPU a forward costs a fixed few ms (Python, one oneDNN call per layer) whatever its size, so tiny scans are worth
-# batching: a base-4 depth-3 UNet took 8.2 ms a 16 x 40 scan alone, 2.1 ms in batches of 8 and 1.0 ms in batches of
-# 32 (one thread, benchmarks/bench_predict.py --tiny). Batches of bigger scans measured slower per scan than one at a
-# time (128 x 512: 34 ms alone, 47 ms in pairs; 0.56x at 1/8 of full scale): past CPU_BATCH_PIXELS a scan goes alone.
+# batching, while batches of bigger scans run slower per scan than one at a time (benchmarks/bench_predict.py
+# --tiny, docs/performance.md): past CPU_BATCH_PIXELS a scan goes alone.
 CPU_BATCH_PIXELS = 2**16
 # A CPU batch of at most this many padded pixels runs on one intra-op thread: each oneDNN convolution opens a parallel
 # region, whose threads must all be scheduled before the convolution ends; for a few thousand pixels the work is
-# microseconds, while on a busy machine the wait for a descheduled thread is a scheduler slice: a 16 x 40 scan took
-# 95 ms on two threads against 6 ms on one (2 cores, load 4-7).
+# microseconds, while on a busy machine the wait for a descheduled thread is a scheduler slice.
 ONE_THREAD_PIXELS = CPU_BATCH_PIXELS
 AUTO_BATCH_PIXELS = {"cpu": CPU_BATCH_PIXELS}
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}

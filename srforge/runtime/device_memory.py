@@ -43,10 +43,26 @@ def is_out_of_memory(error: BaseException) -> bool:
     )
 
 
-def budget_from_memory(free_bytes: int, bytes_per_pixel: float, divisor: int, fraction: float = 0.5) -> int:
-    """Padded pixels per batch that fit in ``fraction`` of ``free_bytes`` at ``bytes_per_pixel``, at least one
-    2d x 2d tile (d = ``divisor``). The rest of the memory absorbs fragmentation and the allocator's caching."""
-    return max(4 * divisor**2, int(free_bytes * fraction / max(bytes_per_pixel, 1.0)))
+# The share of the free memory one job's step may plan to fill, by (job, device type): the rest absorbs the caching
+# allocator's fragmentation as batch shapes vary, and other processes. Training plans from its measured step (fixed
+# part and cost per pixel) and redoes a batch that does not fit in parts (srforge.train.trainer); prediction plans
+# from the forward's cost per pixel alone and splits a batch that does not fit, so it keeps more in reserve.
+MEMORY_FRACTIONS = {("train", "cuda"): 0.75, ("train", "cpu"): 0.5, ("predict", "cuda"): 0.5, ("predict", "cpu"): 0.5}
+
+
+def planning_share(free_bytes: int, device_type: str, sharing: int = 1, job: str = "train") -> float:
+    """The bytes one process's step of ``job`` (train | predict) may plan to fill: its MEMORY_FRACTIONS of the
+    free memory (CUDA's free memory, or the available RAM on the CPU), divided among the ``sharing`` processes
+    that use the device (or the machine's RAM). Training and prediction both budget from this one estimate."""
+    fraction = MEMORY_FRACTIONS[job, "cuda" if device_type == "cuda" else "cpu"]
+    return free_bytes * fraction / max(1, sharing)
+
+
+def budget_from_memory(free_bytes: int, bytes_per_pixel: float, divisor: int, sharing: int = 1) -> int:
+    """Padded pixels per prediction batch that fit in :func:`planning_share` of ``free_bytes`` at
+    ``bytes_per_pixel``, at least one 2d x 2d tile (d = ``divisor``)."""
+    share = planning_share(free_bytes, "cuda", sharing, job="predict")
+    return max(4 * divisor**2, int(share / max(bytes_per_pixel, 1.0)))
 
 
 @torch.inference_mode()
@@ -87,23 +103,17 @@ MAX_CUDA_PIXELS = 2**27
 
 
 def cuda_pixel_budget(model: torch.nn.Module, device: torch.device, precision: str, sharing: int = 1) -> int:
-    """The default pixel budget on a CUDA device: half its free memory, divided among the ``sharing`` processes
-    that use the device, over the model's bytes per pixel; at most MAX_CUDA_PIXELS."""
+    """The default prediction pixel budget on a CUDA device: its share of the free memory for prediction
+    (:func:`planning_share`), divided among the ``sharing`` processes that use the device, over the model's bytes
+    per pixel; at most MAX_CUDA_PIXELS."""
     per_pixel = activation_bytes_per_pixel(model, device, precision)
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
-    budget = budget_from_memory(free, per_pixel, model.size_divisor, fraction=0.5 / max(1, sharing))
+    budget = budget_from_memory(free, per_pixel, model.size_divisor, sharing=sharing)
     return min(MAX_CUDA_PIXELS, budget)
 
 
 # -- training: the step's measured memory, and the budget data.max_pixels: auto derives from it ---------------------
-# The share of free device memory a training step may plan to fill; the rest absorbs the caching allocator's
-# fragmentation as batch shapes vary, and other processes. Should a batch not fit all the same, the step redoes it
-# in parts and lowers the budget (srforge.train.trainer).
-AUTO_FRACTION = 0.75
-# On the CPU, data.max_pixels: auto is the budget whose step fits in half of the available RAM (MemAvailable), at
-# most srforge.constants.CPU_PIXELS.
-CPU_AUTO_FRACTION = 0.5
 
 
 def pixels_text(pixels: float) -> str:
@@ -261,14 +271,6 @@ def free_memory(device: torch.device) -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def planning_share(free_bytes: int, device_type: str, sharing: int = 1) -> float:
-    """The bytes one process's training step may plan to fill: AUTO_FRACTION of the free CUDA memory, or
-    CPU_AUTO_FRACTION of the available RAM, divided among the ``sharing`` processes that use the device (or
-    the machine's RAM)."""
-    fraction = AUTO_FRACTION if device_type == "cuda" else CPU_AUTO_FRACTION
-    return free_bytes * fraction / max(1, sharing)
 
 
 def auto_budget(memory: StepMemory, share: float, device_type: str, divisor: int) -> tuple[int, int]:
