@@ -26,11 +26,11 @@ def test_hflip_and_vflip_move_both():
 def test_affine_fills_mask_with_ignore_index_and_image_with_zero():
     torch.manual_seed(0)
     e = sample(20, 20)
-    out = build_augmentation({"affine": {"degrees": 0, "scale": [0.5, 0.5]}}, ignore_index=77)(e)
+    out = build_augmentation({"affine": {"degrees": [45, 45]}}, ignore_index=77)(e)  # the corners leave the scan
     assert out.mask.dtype == torch.int64 and out.mask.shape == (20, 20)
     assert out.image.dtype == torch.uint8 and out.image.shape == (3, 20, 20)
-    assert (out.mask[0] == 77).all() and (out.mask[:, -1] == 77).all()
-    assert (out.image[:, 0] == 0).all()
+    corners = [(0, 0), (0, -1), (-1, 0), (-1, -1)]
+    assert all(out.mask[y, x] == 77 for y, x in corners) and all((out.image[:, y, x] == 0).all() for y, x in corners)
     assert set(out.mask.unique().tolist()) <= {0, 1, 2, 77}
 
 
@@ -40,7 +40,7 @@ def test_affine_keeps_image_and_mask_aligned():
     e["mask"] = torch.zeros(32, 32, dtype=torch.int64)
     e.mask[8:24, 10:20] = 1
     e["image"] = (e.mask * 200).to(torch.uint8)[None].repeat(3, 1, 1)
-    aug = build_augmentation({"affine": {"degrees": 10, "translate": 0.1, "scale": [0.9, 1.1]}})
+    aug = build_augmentation({"affine": {"degrees": 10, "translate": 0.1, "shear": 5}})
     for _ in range(5):
         out = aug(e)
         valid = out.mask != 255
@@ -57,16 +57,12 @@ def test_color_jitter_and_noise_change_only_the_image():
     assert out.image.float().std() > 3  # the noise is there, in 8-bit units
 
 
-def test_crop_only_when_over_the_limit():
-    aug = build_augmentation({"crop": {"max_height": 10, "max_width": 12}})
-    small = sample(8, 12)
-    assert torch.equal(aug(small).image, small.image)
-    big = sample(16, 30, seed=3)
-    out = aug(big)
-    assert out.image.shape == (3, 10, 12) and out.mask.shape == (10, 12)
-    assert torch.equal(out.image[0], (out.mask * 100).to(torch.uint8))  # same window for both
-    wide_only = build_augmentation({"crop": {"max_width": 12}})(big)
-    assert wide_only.mask.shape == (16, 12)
+def test_the_keys_that_resized_outside_the_size_policy_name_their_replacement():
+    with pytest.raises(ValueError, match=r"data\.augment\.crop is no longer an option: use data\.crop: \[H, W\]"):
+        build_augmentation({"crop": {"max_height": 10, "max_width": 12}})
+    replaced = r"data\.augment\.affine\.scale is no longer an option: use data\.augment\.scale"
+    with pytest.raises(ValueError, match=replaced):
+        build_augmentation({"affine": {"degrees": 2, "scale": [0.9, 1.1]}})
 
 
 def test_unknown_keys_are_named_with_the_valid_ones():
@@ -75,7 +71,7 @@ def test_unknown_keys_are_named_with_the_valid_ones():
     with pytest.raises(ValueError, match=r"'angle'.*degrees"):
         build_augmentation({"affine": {"angle": 3}})
     with pytest.raises(ValueError, match="mapping"):
-        build_augmentation({"crop": 512})
+        build_augmentation({"affine": 3})
 
 
 def test_empty_config_is_identity_and_batches_work():

@@ -208,10 +208,12 @@ def test_a_typo_inside_data_augment_names_the_closest_key():
     ):
         resolve({"data": {"augment": {"vfilp": 0.5}}})
     with pytest.raises(
-        ConfigError, match=r"'data.augment.crop.max_heigth'. Did you mean 'data.augment.crop.max_height'"
+        ConfigError, match=r"'data.augment.affine.degres'. Did you mean 'data.augment.affine.degrees'"
     ):
-        resolve({"data": {"augment": {"crop": {"max_heigth": 8}}}})
-    assert resolve({"data": {"augment": {"vflip": 0.5, "crop": {"max_height": 8}}}})["data"]["augment"]["vflip"] == 0.5
+        resolve({"data": {"augment": {"affine": {"degres": 8}}}})
+    assert resolve({"data": {"augment": {"vflip": 0.5, "affine": {"degrees": 8}}}})["data"]["augment"]["vflip"] == 0.5
+    with pytest.raises(ConfigError, match=r"data\.augment\.crop is no longer an option: use data\.crop"):
+        resolve({"data": {"augment": {"crop": {"max_height": 8}}}})
 
 
 def test_log_every_and_dist_timeout_are_checked():

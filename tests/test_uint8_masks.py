@@ -19,10 +19,9 @@ from srforge.train import Trainer, train
 EVERY_STEP = {
     "hflip": 1.0,
     "vflip": 1.0,
-    "affine": {"degrees": 5, "translate": 0.1, "scale": [0.8, 0.9]},
+    "affine": {"degrees": 5, "translate": 0.1, "shear": 3},
     "color_jitter": {"brightness": 0.3},
     "noise": 0.05,
-    "crop": {"max_height": 9, "max_width": 14},
 }
 
 

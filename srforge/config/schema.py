@@ -236,7 +236,7 @@ class DataSection(Section, path="data"):
     )
     augment: dict = key(
         {},
-        "per-scan augmentation: scale (rescaling, [lo, hi]), hflip, vflip, affine, color_jitter, noise, crop",
+        "per-scan augmentation: scale (rescaling, [lo, hi]), hflip, vflip, affine, color_jitter, noise",
         rule=augment_recipe,
     )
     ignore_index: int = key(

@@ -1,17 +1,16 @@
 """Per-scan augmentation from a config dict, run by torchvision.transforms.v2 on image and mask together.
 
-    build_augmentation({"hflip": 0.5, "affine": {"degrees": 2, "translate": 0.02, "scale": [0.95, 1.05]},
-                        "color_jitter": {"brightness": 0.2}, "noise": 0.02,
-                        "crop": {"max_height": 1024, "max_width": 4096}}, ignore_index=255)
+    build_augmentation({"hflip": 0.5, "affine": {"degrees": 2, "translate": 0.02}, "color_jitter":
+                        {"brightness": 0.2}, "noise": 0.02}, ignore_index=255)
 
-Order: crop (only scans over the limit, to their own size clipped to the limit, so shapes stay
-natural), flips, affine, colour jitter, noise. Geometric steps move image and mask alike; the mask
-is resampled nearest and filled with ignore_index where the affine leaves no data, the image with 0.
+Order: flips, affine, colour jitter, noise. Geometric steps move image and mask alike; the mask is resampled
+nearest and filled with ignore_index where the affine leaves no data, the image with 0. None of them changes a
+scan's size.
 
-``scale: [lo, hi]`` (e.g. [0.5, 2.0]) rescales each training scan by a factor drawn from that range: the scan's size
-changes, so the sampler must know it, and the FieldView does it (:mod:`srforge.data.rescale`), before ``data.crop``
-and before these steps; :func:`build_augmentation` builds nothing for it. ``affine.scale`` is another thing: a
-RandomAffine zoom inside a scan whose size stays as it was.
+A scan's size has one policy (:mod:`srforge.data.size_policy`), which the sampler knows: ``scale: [lo, hi]`` (e.g.
+[0.5, 2.0]) rescales each training scan by a factor drawn from that range, and ``data.crop`` cuts it to an aligned
+random crop; :func:`build_augmentation` builds nothing for them. The keys that once did the same outside that policy
+(``crop``, ``affine.scale``) are config errors naming their replacement (REPLACED).
 """
 
 from __future__ import annotations
@@ -33,9 +32,14 @@ KEYS = {
     "hflip": None,
     "vflip": None,
     "noise": None,
-    "affine": ("degrees", "translate", "scale", "shear"),
+    "affine": ("degrees", "translate", "shear"),
     "color_jitter": ("brightness", "contrast", "saturation", "hue"),
-    "crop": ("max_height", "max_width"),
+}
+# Keys of the recipe that resized scans where the sampler could not see it, and what does that job now.
+REPLACED = {
+    "crop": "data.crop: [H, W] (random crops aligned to the model's size divisor, which the sampler batches by)",
+    "affine.scale": "data.augment.scale: [lo, hi] (rescales each scan by a factor from that range; the sampler "
+    "batches by the rescaled sizes)",
 }
 
 
@@ -45,6 +49,8 @@ def check_recipe(recipe: Mapping, where: str = "data.augment") -> None:
     (:func:`scale_range`). ``where`` is the recipe's config path, which the messages name. The config's validation
     and :func:`build_augmentation` both call this."""
     for name, value in recipe.items():
+        if name in REPLACED:
+            raise ValueError(_replaced(name, where))
         if name not in KEYS:
             raise ValueError(_unknown(name, KEYS, where))
         if name == "scale":
@@ -58,6 +64,8 @@ def check_recipe(recipe: Mapping, where: str = "data.augment") -> None:
                 f"{where}.{name}: expected a mapping with keys {list(valid)}, found {type(value).__name__} {value!r}."
             )
         for inner in value:
+            if f"{name}.{inner}" in REPLACED:
+                raise ValueError(_replaced(f"{name}.{inner}", where))
             if inner not in valid:
                 raise ValueError(_unknown(inner, valid, f"{where}.{name}"))
 
@@ -78,6 +86,10 @@ def scale_range(value, where: str = "data.augment.scale") -> tuple[float, float]
     return float(value[0]), float(value[1])
 
 
+def _replaced(name: str, where: str) -> str:
+    return f"{where}.{name} is no longer an option: use {REPLACED[name]}. One size policy serves every scan."
+
+
 def _unknown(name: object, valid, where: str) -> str:
     close = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.5)
     hint = f" Did you mean '{where}.{close[0]}'?" if close else ""
@@ -87,23 +99,16 @@ def _unknown(name: object, valid, where: str) -> str:
 class Augmentation(DataTransform):
     """Random per-sample augmentation of ``image`` uint8 [C, H, W] and ``mask`` int64 [H, W] (see module docstring)."""
 
-    def __init__(self, steps: list, crop: tuple[int, int] | None = None):
+    def __init__(self, steps: list):
         super().__init__()
         self.pipeline = v2.Compose(steps or [v2.Identity()])
-        self.crop = crop
 
     def transform_unbatched(self, image: torch.Tensor, mask: torch.Tensor):
-        image, mask = tv_tensors.Image(image), tv_tensors.Mask(mask)
-        if self.crop is not None:
-            limit_h, limit_w = self.crop
-            h, w = image.shape[-2:]
-            if h > limit_h or w > limit_w:
-                image, mask = v2.RandomCrop((min(h, limit_h), min(w, limit_w)))(image, mask)
-        image, mask = self.pipeline(image, mask)
+        image, mask = self.pipeline(tv_tensors.Image(image), tv_tensors.Mask(mask))
         return image.as_subclass(torch.Tensor), mask.as_subclass(torch.Tensor)
 
     def __repr__(self) -> str:
-        return f"Augmentation(crop={self.crop}, {self.pipeline})"
+        return f"Augmentation({self.pipeline})"
 
 
 def build_augmentation(config: Mapping | None, ignore_index: int = IGNORE_INDEX) -> Augmentation:
@@ -141,7 +146,4 @@ def build_augmentation(config: Mapping | None, ignore_index: int = IGNORE_INDEX)
             v2.GaussianNoise(sigma=float(config["noise"])),
             v2.ToDtype(torch.uint8, scale=True),
         ]
-    crop = None
-    if "crop" in config:
-        crop = (int(config["crop"].get("max_height", 2**31)), int(config["crop"].get("max_width", 2**31)))
-    return Augmentation(steps, crop)
+    return Augmentation(steps)

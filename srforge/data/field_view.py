@@ -5,8 +5,8 @@ A user's Dataset may return an Entry or a dict, keep its image under ``scan`` an
 ``mask`` and ``name``, turns numpy arrays into tensors, applies per-sample augmentation with a random
 state that depends only on (seed, epoch, index) -- so a resumed run augments exactly as an unbroken one,
 in the main process or in any worker -- and gives every mask one dtype. A training view may also rescale scans by a
-factor drawn from ``data.augment.scale`` (:mod:`srforge.data.rescale`), then cut scans larger than ``data.crop`` to
-a random crop (:mod:`srforge.data.crop`), each drawn the same way, before augmentation.
+factor drawn from ``data.augment.scale``, then cut scans larger than ``data.crop`` to a random crop, each drawn the
+same way, before augmentation (:mod:`srforge.data.size_policy`).
 
 With a decoded-scan cache (``data.cache``, :mod:`srforge.data.cache`) a Dataset may return file paths for its image
 and mask: the view decodes them through the cache. A Dataset with a ``cache`` attribute left None
@@ -24,10 +24,10 @@ from torch.utils.data import Dataset
 
 from srforge.constants import IGNORE_INDEX
 from srforge.data.cache import DecodedCache, cached_image, cached_mask
-from srforge.data.crop import random_crop, sample_seed
+from srforge.data.crop import sample_seed
 from srforge.data.entry import Entry
 from srforge.data.images import DataError, invalid_mask_values
-from srforge.data.rescale import rescale, scale_factor
+from srforge.data.size_policy import SizePolicy
 
 CANONICAL = ("image", "mask", "name")
 
@@ -57,13 +57,10 @@ class FieldView(Dataset):
             (str or os.PathLike) is decoded (the image in ``image_mode``, an attribute, RGB by default), through the
             cache when there is one.
 
-    ``scale`` (an attribute, None by default): (lo, hi), ``data.augment.scale``; every scan is rescaled by a factor
-    drawn log-uniformly from it per (seed, epoch, index) (:func:`srforge.data.rescale.scale_factor`), before the crop
-    (training only). A factor that leaves the size as it is (lo == hi == 1) returns the sample unchanged.
-
-    ``crop`` (an attribute, None by default): (H, W) multiples of the model's size divisor; a scan larger in
-    either dimension (after rescaling) is cut to a random crop of at most that size before augmentation (training
-    only).
+    ``sizing`` (:class:`srforge.data.size_policy.SizePolicy`, training only): every scan rescaled by a factor
+    drawn from ``scale`` (an attribute for ``sizing.scale``: (lo, hi), ``data.augment.scale``), then cut to a random
+    crop of at most ``crop`` (``sizing.crop``: (H, W), ``data.crop``), before augmentation. The sampler asks the
+    same object for each epoch's sizes.
     """
 
     def __init__(
@@ -88,11 +85,26 @@ class FieldView(Dataset):
         self.num_classes, self.ignore_index = num_classes, ignore_index
         self.mask_dtype = mask_dtype(num_classes, ignore_index) if num_classes is not None else None
         self.epoch = 0
-        self.scale: tuple[float, float] | None = None
-        self.crop: tuple[int, int] | None = None
+        self.sizing = SizePolicy(seed)
         self.cache, self.image_mode = cache, "RGB"
         if cache is not None and getattr(dataset, "cache", False) is None:
             dataset.cache = cache  # e.g. SegmentationFolder: reads its files through data.cache
+
+    @property
+    def scale(self) -> tuple[float, float] | None:
+        return self.sizing.scale
+
+    @scale.setter
+    def scale(self, value: tuple[float, float] | None) -> None:
+        self.sizing.scale = value
+
+    @property
+    def crop(self) -> tuple[int, int] | None:
+        return self.sizing.crop
+
+    @crop.setter
+    def crop(self, value: tuple[int, int] | None) -> None:
+        self.sizing.crop = value
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -142,13 +154,7 @@ class FieldView(Dataset):
             mask = torch.as_tensor(entry["mask"])
             self._check_mask(mask, index, entry["name"])
             entry["mask"] = mask.to(self.mask_dtype)
-        if self.scale is not None:
-            # Before the crop: rescaling changes the resolution, and the crop then cuts the rescaled scan, so a crop
-            # of data.crop pixels covers more or less of the scan -- the sizes the sampler expects (epoch_sizes).
-            factor = scale_factor(self.seed, self.epoch, index, self.scale)
-            entry = rescale(entry, factor, self.ignore_index)
-        if self.crop is not None:
-            entry = random_crop(entry, self.crop, sample_seed(self.seed, self.epoch, index, "crop"))
+        entry = self.sizing.apply(entry, self.epoch, index, self.ignore_index)
         if self.augment is not None:
             # Seeded per (seed, epoch, index): independent of worker count, batch order and resumption.
             with torch.random.fork_rng(devices=[]):

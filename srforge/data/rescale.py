@@ -3,10 +3,10 @@
 A training scan is resized, image and mask together, by a factor drawn log-uniformly from [lo, hi] (so that 0.5
 and 2.0 are equally likely around 1) from (seed, epoch, sample index) alone -- its own stream of
 :func:`srforge.data.crop.sample_seed`, so adding rescaling leaves crops and the other augmentation as they were,
-and a resumed run, any worker count and any batch order rescale alike. Unlike ``data.augment.affine.scale`` (a zoom
-inside a scan of unchanged size), this changes the scan's size: the FieldView rescales before ``data.crop`` cuts the
-rescaled scan, and the sampler groups each epoch's batches by the sizes the scans have in that epoch
-(:func:`epoch_sizes`), so every batch stays within its pixel budget.
+and a resumed run, any worker count and any batch order rescale alike. It changes the scan's size: the FieldView
+rescales before ``data.crop`` cuts the rescaled scan, and the sampler groups each epoch's batches by the sizes the
+scans have in that epoch (:func:`epoch_sizes`), so every batch stays within its pixel budget; both through one
+:class:`srforge.data.size_policy.SizePolicy`.
 
 Images are resized bilinearly with antialiasing. Masks keep their classes: nearest neighbour when enlarging; when
 shrinking, a pixel takes the foreground class that covers enough of it (:func:`rescale_mask`), so a curve one pixel

@@ -32,7 +32,6 @@ from srforge.data.collate import AlignedCollate
 from srforge.data.crop import crop_shape, crop_sizes
 from srforge.data.field_view import FieldView
 from srforge.data.loader import DataLoaderFactory
-from srforge.data.rescale import epoch_sizes, scaled_size
 from srforge.data.sampling import SizeGroupedBatchSampler, train_val_indices, training_sampler
 from srforge.data.sizes import dataset_sizes
 from srforge.geometry import aligned_size, depth_problem
@@ -128,10 +127,9 @@ def build_data(
     separate = data.val_dataset.class_ is not None
     train_idx, val_idx = train_val_indices(sizes, None if separate else data.val_fraction, seed)
     train = FieldView(dataset, data.fields, train_idx, augment=augment, seed=seed, **checks)
-    train.scale = scale
+    train.sizing.scale = scale
     true = train.sizes_of(sizes)
-    # Rounding and the crop are monotonic, so no epoch's scan outgrows its size at the upper bound.
-    largest = true if scale is None else [scaled_size(size, scale[1]) for size in true]
+    largest = train.sizing.largest(true)
     if separate:
         val_set = _build(data.val_dataset, "data.val_dataset.class")
         val_sizes = _sizes(val_set, data, "val_dataset", run_dir / "val_sizes_cache.json")
@@ -262,21 +260,15 @@ class Loaders:
 
 
 def training_epoch_sizes(data: Data) -> Callable[[int], list] | None:
-    """epoch -> [(H, W), ...]: the sizes the training view gives its scans in that epoch -- rescaled with the view's
-    own seed, dataset indices and ``scale``, then cut to its ``crop`` (:func:`srforge.data.rescale.epoch_sizes`);
-    None when the view does not rescale (its sizes never change). The view's attributes are read at each call, so
-    the sampler and the view cannot disagree."""
+    """epoch -> [(H, W), ...]: the sizes the training view's SizePolicy gives its scans in that epoch; None when
+    they never change (no rescaling). The sampler and the view ask the same policy object."""
     view = data.train
-    if view.scale is None:
+    if not view.sizing.varies:
         return None
     if data.train_true_sizes is None:  # train_sizes may already be rescaled by hi and cropped: never guess
         raise ValueError("training_epoch_sizes: a rescaling training view needs Data.train_true_sizes")
-    true = data.train_true_sizes
-
-    def sizes_in(epoch: int) -> list:
-        return epoch_sizes(true, view.indices, view.seed, epoch, view.scale, view.crop)
-
-    return sizes_in
+    true, policy, indices = data.train_true_sizes, view.sizing, view.indices
+    return lambda epoch: policy.epoch_sizes(true, indices, epoch)
 
 
 def build_loaders(
@@ -366,7 +358,7 @@ def crop_training_scans(data: Data, crop: int | list | None, divisor: int) -> No
         shape = crop_shape(crop, divisor)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    data.train.crop = shape
+    data.train.sizing.crop = shape
     data.train_sizes = crop_sizes(data.train_sizes, shape)
 
 
