@@ -19,70 +19,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
-# The slow integration tests (torchrun, ONNX exports, compiles, the longest training runs and resumes): the fast loop
-# `pytest -m "not slow"` leaves them out, the README's test command (and .ci/run) runs them too. Marked here by test
-# function, measured with --durations: together they take about five sixths of the suite's time. The tests that share
-# test_export.py's exported model are all here, so that the fast loop does not pay for the export either.
-SLOW = {
-    "tests/test_accumulate_crop.py::test_a_ctrl_c_inside_an_update_saves_its_start_and_the_resumed_run_redoes_it",
-    "tests/test_accumulate_crop.py::test_accumulation_resumes_exactly_and_the_schedule_counts_updates",
-    "tests/test_hooks.py::test_a_checkpoint_naming_a_hook_class_it_was_not_configured_with_imports_nothing",
-    "tests/test_hooks.py::test_validation_and_best_pt_use_the_averaged_weights",
-    "tests/test_train.py::test_config_errors_from_the_command_line",
-    "tests/test_train.py::test_ctrl_c_writes_last_pt_and_the_run_resumes",
-    "tests/test_adapters.py::test_masked_norm_is_batch_invariant_where_the_others_are_not",
-    "tests/test_adapters.py::test_masked_model_exports_to_onnx",
-    "tests/test_train_workflow.py::test_a_mid_epoch_checkpoint_of_two_processes_is_not_resumed_by_one",
-    "tests/test_train_workflow.py::test_a_resume_on_other_data_is_refused_unless_asked_and_other_changes_are_said",
-    "tests/test_train_workflow.py::test_a_lost_torchrun_peer_is_a_message_with_how_to_resume_not_a_traceback",
-    "tests/test_adapter_runs.py::test_an_adapter_exports_to_onnx_and_matches_onnxruntime",
-    "tests/test_adapter_runs.py::test_an_adapter_trains_from_yaml_and_resumes_to_the_same_bits",
-    "tests/test_adapter_runs.py::test_an_adapter_with_masked_norms_trains_under_torchrun",
-    "tests/test_bench_quality.py::test_quick_mode_trains_and_scores_every_recipe",
-    "tests/test_export.py::test_export_writes_a_dynamic_model_and_prints_the_check",
-    "tests/test_export.py::test_the_exported_model_serves_sizes_and_batches_it_was_not_traced_with",
-    "tests/test_export.py::test_the_check_fails_with_a_clear_message_for_a_model_that_was_not_exported",
-    "tests/test_export.py::test_the_readme_snippet_predicts_a_scan_with_onnxruntime_alone",
-    "tests/test_export.py::test_without_onnxruntime_the_export_is_written_and_the_check_skipped_with_a_note",
-    "tests/test_export.py::test_run_onnx_names_what_is_wrong_with_the_inputs_before_onnxruntime_does",
-    "tests/test_any_model.py::test_export_of_any_model_matches_onnxruntime",
-    "tests/test_train_workflow.py::test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_completes",
-    "tests/test_gpu_check.py::test_gpu_check_without_a_gpu_says_so_and_exits_2",
-    "tests/test_hooks.py::test_exact_resume_with_ema_a_user_hook_and_accumulation_mid_epoch",
-    "tests/test_host_syncs.py::test_at_most_one_device_read_per_training_step",
-    "tests/test_hostile.py::test_a_resumed_checkpoint_cannot_make_srforge_import_code",
-    "tests/test_hostile.py::test_mask_values_beyond_num_classes_are_a_message_naming_the_sample",
-    "tests/test_hostile.py::test_resuming_a_copied_run_writes_into_the_copy",
-    "tests/test_hostile_data.py::test_train_ends_with_status_2_and_the_sample_named",
-    "tests/test_memory.py::test_a_run_that_ran_out_of_memory_resumes_exactly",
-    "tests/test_memory.py::test_an_out_of_memory_batch_is_redone_in_parts_to_the_same_weights",
-    "tests/test_memory.py::test_checkpointing_composes_with_compile",
-    "tests/test_memory.py::test_checkpointing_gives_the_plain_steps_gradients",
-    "tests/test_memory.py::test_checkpointing_lowers_the_measured_bytes_per_pixel",
-    "tests/test_memory.py::test_out_of_memory_in_backward_leaves_no_trace_in_the_gradients",
-    "tests/test_memory.py::test_the_probe_measures_a_cost_per_pixel_and_leaves_the_model_as_it_was",
-    "tests/test_memory.py::test_the_run_goes_on_after_an_out_of_memory_step",
-    "tests/test_memory.py::test_two_ranks_agree_on_the_smallest_auto_budget_and_on_a_lowered_one",
-    "tests/test_memory_probe.py::test_the_probe_measures_the_activations_cost_even_where_small_inputs_peak_at_the_gradients",
-    "tests/test_predict.py::test_kill_then_rerun_completes_the_set",
-    "tests/test_predict.py::test_script_on_folder_zip_and_tar_equals_predict_scan_by_scan",
-    "tests/test_predict_hostile.py::test_a_full_disk_is_named_and_exit_1",
-    "tests/test_predict_hostile.py::test_an_input_that_is_not_a_file_or_folder_is_exit_2_at_once",
-    "tests/test_predict_pipeline.py::test_rerun_with_another_world_size_after_a_kill_completes_the_set",
-    "tests/test_predict_pipeline.py::test_two_processes_under_torchrun_give_the_masks_of_one_and_one_report",
-    "tests/test_predict_workflow.py::test_a_killed_predict_leaves_no_decoding_worker_behind",
-    "tests/test_predict_workflow.py::test_sigterm_and_ctrl_c_write_the_report_with_the_scans_not_reached_stopped",
-    "tests/test_startup.py::test_torchvision_is_imported_for_a_jpeg_not_for_the_commands_or_pngs",
-    "tests/test_train.py::test_compile_goes_inside_ddp_and_matches_eager_gradients",
-    "tests/test_train.py::test_ddp_survives_data_generation_longer_than_the_collective_timeout",
-    "tests/test_train.py::test_two_processes_with_torchrun_gloo",
-    "tests/test_train_workflow.py::test_a_second_ctrl_c_while_last_pt_is_written_waits_for_the_write",
-    "tests/test_train_workflow.py::test_an_interrupted_write_of_last_pt_says_what_last_pt_still_holds",
-    "tests/test_train_workflow.py::test_sigterm_mid_epoch_writes_last_pt_and_the_resumed_run_is_bit_identical",
-    "tests/test_unet.py::test_compiled_training_step_under_autocast_matches_eager",
-    "tests/test_unet.py::test_torch_compile_traces_one_graph_for_varying_sizes",
-}
-
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphans of this process's descendants are re-parented to it, not to init
 # How long a test's processes may take to end after it: a pool shutting down, a killed tree; a DataLoader gives its
 # workers torch's MP_STATUS_CHECK_INTERVAL (5 s) to end before it terminates them.
@@ -186,32 +122,43 @@ def folder(make_pair):
     return root
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: a slow integration test, left out by -m 'not slow' (the fast loop)")
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run folder after one epoch of test_cli_train's Strips (config.yaml, last.pt, best.pt, metrics), for the
+    tests that tamper with a real run's checkpoint, copy it or resume it (test_trust.py, test_checkpoint.py,
+    test_trainer_resume.py): one per test module, as the module's own fixture was."""
+    from test_cli_train import CONFIG
+
+    from srforge.config import resolve
+    from srforge.train import train
+
+    run = tmp_path_factory.mktemp("hostile") / "run"
+    train(resolve({**CONFIG, "run": {**CONFIG["run"], "dir": str(run)}}))
+    return run
 
 
-# The longest test files, longest first, by their tests' summed time in one run of the suite (2026-12-03, two
+# The longest test files, longest first, by their tests' summed time in one run of the suite (2026-12-04, two
 # workers: seconds). pytest-xdist's loadfile hands a worker one file at a time, in the order of the collection
 # (pyproject's addopts turn off its own reordering, which goes by the number of tests): with the long files first
 # and the short ones last the two workers end within seconds of each other, where a long file drawn last kept one
 # worker busy for half a minute after the other had finished.
 LONGEST_FIRST = [
-    "test_train.py",  # 71
-    "test_adapter_runs.py",  # 65
-    "test_unet.py",  # 37
-    "test_train_workflow.py",  # 27
-    "test_export.py",  # 27
-    "test_memory.py",  # 26
-    "test_predict_pipeline.py",  # 22
-    "test_predict.py",  # 17
+    "test_adapter_runs.py",  # 69
+    "test_unet.py",  # 59
+    "test_train.py",  # 46
+    "test_export.py",  # 35
+    "test_predict.py",  # 31
+    "test_predict_pipeline.py",  # 29
+    "test_cli_train.py",  # 29
+    "test_trainer_faults.py",  # 24
+    "test_pixel_budget.py",  # 24
+    "test_trainer_resume.py",  # 17
+    "test_bench_quality.py",  # 14
+    "test_cli_predict.py",  # 11
     "test_adapters.py",  # 11
-    "test_hostile.py",  # 10
 ]
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.nodeid.split("[")[0] in SLOW:
-            item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

@@ -79,6 +79,7 @@ def runs(request, tmp_path_factory):
     return name, tmp
 
 
+@pytest.mark.slow
 def test_an_adapter_trains_from_yaml_and_resumes_to_the_same_bits(runs):
     name, tmp = runs
     a, b = load_checkpoint(tmp / "straight" / "last.pt"), load_checkpoint(tmp / "stopped" / "last.pt")
@@ -102,6 +103,7 @@ def test_an_adapter_predicts_from_a_lone_checkpoint_at_every_scan_size(runs, tmp
             assert mask.size == (w, h)
 
 
+@pytest.mark.slow
 def test_an_adapter_exports_to_onnx_and_matches_onnxruntime(runs, tmp_path, capsys):
     for module in ("onnx", "onnxscript", "onnxruntime"):
         pytest.importorskip(module, reason='ONNX export needs the optional extra: pip install -e ".[export]"')
@@ -113,6 +115,7 @@ def test_an_adapter_exports_to_onnx_and_matches_onnxruntime(runs, tmp_path, caps
     assert "onnxruntime vs PyTorch" in printed and out.is_file()
 
 
+@pytest.mark.slow
 def test_an_adapter_with_masked_norms_trains_under_torchrun(tmp_path):
     if not HAS_SMP:
         pytest.skip('needs pip install -e ".[smp]"')

@@ -13,9 +13,12 @@ import warnings
 
 import pytest
 import torch
+from helpers import scan_folder
+from test_model_create import _config, _yaml
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
+from srforge.cli import main_train
 from srforge.geometry import round_up
 from srforge.models.library_adapter import IMAGENET_MEAN, WeightsUnavailableError
 from srforge.models.norms import NORM_OPTIONS, FrozenBatchNorm, MaskedNorm, NormAct, apply_norm
@@ -267,6 +270,7 @@ def test_frozen_handles_batchnorm1d_and_matches_eval_batchnorm():
     assert torch.allclose(model[1](x), want[0], atol=1e-6) and torch.allclose(model[3](y), want[1], atol=1e-6)
 
 
+@pytest.mark.slow
 @needs_smp
 def test_masked_norm_is_batch_invariant_where_the_others_are_not():
     """The bound: float32 rounding only. The padded and the unpadded forward run the same arithmetic on the scan's
@@ -348,6 +352,7 @@ class TinyBatchNormModel(nn.Module):
         return nn.functional.interpolate(logits, scale_factor=2.0, mode="nearest")
 
 
+@pytest.mark.slow
 def test_masked_model_exports_to_onnx(tmp_path):
     pytest.importorskip("onnxscript")
     pytest.importorskip("onnxruntime")
@@ -358,3 +363,35 @@ def test_masked_model_exports_to_onnx(tmp_path):
     assert model.padding_aware  # its forward takes sizes: the graph takes them too
     path = export_onnx(model, tmp_path / "tiny.onnx")
     assert check_onnx(model, path) < 1e-4
+
+
+@needs_smp
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        ({"arch": "UNetXX"}, "arch 'UNetXX' is not an smp architecture (closest: Unet"),
+        ({"encoder": "resnet999"}, "encoder 'resnet999' is not an smp encoder (closest: resnet"),
+        ({"encoder": "tu-notamodel"}, "encoder 'tu-notamodel': timm has no model 'notamodel'"),
+    ],
+)
+def test_unknown_smp_names_are_exit_2_naming_the_closest(tmp_path, capsys, args, named):
+    root = scan_folder(tmp_path / "data", n=4)
+    cfg = _config(tmp_path / "run", root, **{"class": "srforge.models.smp:SmpModel", "args": args})
+    assert main_train(["--config", _yaml(tmp_path, cfg)]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+
+
+@needs_smp
+def test_pretrained_encoder_weights_offline_are_exit_2_saying_what_to_do(tmp_path, capsys, monkeypatch):
+    from srforge.models import library_adapter as adapter
+
+    monkeypatch.setattr(adapter, "reachable", lambda url, timeout=3.0: False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    root = scan_folder(tmp_path / "data", n=4)
+    args = {"encoder": "resnet18", "encoder_weights": "imagenet", "encoder_depth": 3, "decoder_channels": [8, 8, 8]}
+    cfg = _config(tmp_path / "run", root, **{"class": "srforge.models.smp:SmpModel", "args": args})
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    assert main_train(["--config", _yaml(tmp_path, cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "resnet18 (imagenet)" in err and "model.weights" in err and "Traceback" not in err

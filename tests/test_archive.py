@@ -225,3 +225,27 @@ def test_needed_bytes_follows_the_declared_size_and_mode():
     assert needed_bytes(10, 20, "RGB") - needed_bytes(10, 20, "L") == 4 * 10 * 20 * 2
     assert needed_bytes(10, 20, "I;16") == needed_bytes(10, 20, "LA")  # 2 bytes a pixel, either way
     assert needed_bytes(0, 0, "RGB") == needed_bytes(0, 0, "weird") > 0
+
+
+@pytest.mark.parametrize("kind", ["zip", "tar.gz", "tar"])
+def test_a_truncated_archive_is_called_damaged_not_unknown(kind, tmp_path):
+    import io
+    import tarfile
+    import zipfile
+
+    from srforge.data.archive import archive_kind
+
+    path = tmp_path / f"scans.{kind}"
+    payload = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    if kind == "zip":
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("a.png", payload)
+    else:
+        with tarfile.open(path, "w:gz" if kind == "tar.gz" else "w") as tf:
+            info = tarfile.TarInfo("a.png")
+            info.size = len(payload)
+            tf.addfile(info, io.BytesIO(payload))
+    data = path.read_bytes()
+    path.write_bytes(data[: 300 if kind != "tar.gz" else 20])
+    with pytest.raises(ValueError, match=r"starts as a .*(zip|tar).* truncated or damaged"):
+        archive_kind(path)

@@ -1,59 +1,80 @@
-"""benchmarks/bench_quality.py: every recipe trains and is scored (--quick), at equal real pixels seen."""
+"""benchmarks/bench_quality.py, run as a user runs it (``--quick --resolution``): every recipe trains and is scored,
+each at the real pixels of the whole scans' epochs, and the scores it writes agree with one another."""
 
-import importlib.util
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
+import pytest
+import torch
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("bench_quality", ROOT / "benchmarks" / "bench_quality.py")
-bench = importlib.util.module_from_spec(spec)
-sys.modules["bench_quality"] = bench  # dataclasses look their module up there
-spec.loader.exec_module(bench)
+DEFAULT = "pixel budget (the default)"
 
 
-def test_every_recipe_gets_the_same_real_pixels():
-    setting = bench.Setting(epochs=12, crop=(24, 128), resize=(32, 512))
-    sizes = [(30 + i % 11, 200 + 37 * i) for i in range(20)]
-    whole = sum(h * w for h, w in sizes) * setting.epochs
-    for recipe in bench.recipes(setting):
-        epochs = bench.epochs_for(recipe, setting, sizes)
-        if recipe.serves == "crop":
-            per_epoch = sum(min(h, 24) * min(w, 128) for h, w in sizes)
-        elif recipe.serves == "resize":
-            per_epoch = len(sizes) * 32 * 512
-        else:
-            per_epoch = whole / setting.epochs
-        # rounded to whole epochs: within half an epoch of the whole scans' pixels
-        assert abs(epochs * per_epoch - whole) <= per_epoch / 2 + 1, recipe.name
+def _sizes(folder: Path) -> list[tuple[int, int]]:
+    sizes = []
+    for path in sorted((folder / "images").glob("*.png")):
+        with Image.open(path) as image:
+            sizes.append((image.height, image.width))
+    return sizes
 
 
-def test_the_score_pools_pixels_and_splits_by_width_third():
-    score = bench.Score(3)
-    truth = np.array([[0, 1, 2, 0]], np.uint8)
-    score.add(truth, np.array([[0, 2, 2, 1]], np.uint8), third=0)  # fg: 2 hits, 1 false positive
-    score.add(truth, truth, third=2)
-    assert math.isclose(score.foreground_iou(), 4 / 5)
-    assert score.class_iou()[2] == 2 / 3 and score.class_iou()[1] == 1 / 3
-    first, middle, last = score.third_iou()
-    assert first == 2 / 3 and math.isnan(middle) and last == 1.0
+def _consistent(fg_iou: float, thirds: list[float]) -> bool:
+    """The foreground IoU pools the pixels of every scan: a ratio of sums, so it lies between the width thirds'
+    (each pooled over its own scans), whatever their weights."""
+    scored = [t for t in thirds if not math.isnan(t)]
+    return len(thirds) == 3 and bool(scored) and min(scored) - 1e-9 <= fg_iou <= max(scored) + 1e-9
 
 
-def test_quick_mode_trains_and_scores_every_recipe(tmp_path, capsys):
-    out = tmp_path / "quality.json"
-    assert bench.main(["--quick", "--resolution", "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
+@pytest.mark.slow
+def test_quick_mode_trains_and_scores_every_recipe(tmp_path):
+    out, work = tmp_path / "quality.json", tmp_path / "work"
+    script = [sys.executable, str(ROOT / "benchmarks" / "bench_quality.py")]
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}  # this process's share of the cores
+    done = subprocess.run(
+        [*script, "--quick", "--resolution", "--work", str(work), "--out", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
+    setting = result["setting"]
+    (ch, cw), (rh, rw) = setting["crop"], setting["resize"]
+    crops, resized = f"random {ch} x {cw} crops, batches of {setting['crop_batch']}", f"resized to {rh} x {rw}"
     names = [r["recipe"] for r in result["rows"]]
-    assert names == [r.name for r in bench.recipes(bench.Setting(**{**result["setting"]})) if not r.optional]
+    assert names == [DEFAULT, "size-grouped batches of 4", "batch 1", crops, resized]  # the optional ones left out
     for row in result["rows"]:
         assert row["steps"] >= 1 and 0 <= row["whole"]["fg_iou"] <= 1 and len(row["whole"]["thirds"]) == 3
     assert sum("tiled" in r for r in result["rows"]) == 1  # the crop recipe, scored whole and by tiles
-    assert result["rows"][0]["recipe"] == "pixel budget (the default)"
+    assert result["rows"][0]["recipe"] == DEFAULT
     # three models (mixed resolutions, rescaled, the default run's) scored at each of three resolutions
     scored = {(r["way"], r["factor"]) for r in result["resolution"]}
     assert scored == {(way, f) for way in ("mixed", "rescaled", "single") for f in (0.5, 1.0, 2.0)}
-    printed = capsys.readouterr().out
-    assert "| pixel budget (the default) |" in printed and "| 2.0x |" in printed
+    assert "| pixel budget (the default) |" in done.stdout and "| 2.0x |" in done.stdout
+
+    # every recipe gets the real pixels of the whole scans' epochs, to within half of one of its own epochs
+    sizes = _sizes(work / f"binary_0_scale{setting['scale']:g}" / f"train_{setting['train_scans']}")
+    assert len(sizes) == setting["train_scans"]
+    whole = sum(h * w for h, w in sizes) * setting["epochs"]
+    for row in result["rows"]:
+        if row["recipe"] == crops:
+            per_epoch = sum(min(h, ch) * min(w, cw) for h, w in sizes)
+        elif row["recipe"] == resized:
+            per_epoch = len(sizes) * rh * rw
+        else:
+            per_epoch = whole / setting["epochs"]
+        assert abs(row["epochs"] * per_epoch - whole) <= per_epoch / 2 + 1, row["recipe"]
+    assert next(r for r in result["rows"] if r["recipe"] == crops)["epochs"] > setting["epochs"]  # crops: more
+
+    # the scores: binary, so the foreground IoU is class 1's; pooled over the scans, between the thirds' IoUs
+    for row in result["rows"]:
+        for how in ("whole", "tiled"):
+            if how in row:
+                assert row[how]["fg_iou"] == pytest.approx(row[how]["class_iou"][1]), (row["recipe"], how)
+                assert _consistent(row[how]["fg_iou"], row[how]["thirds"]), (row["recipe"], how, row[how])
+    for row in result["resolution"]:
+        assert _consistent(row["fg_iou"], row["thirds"]), row

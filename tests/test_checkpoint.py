@@ -2,10 +2,13 @@
 
 import time
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from srforge import UNet
+from srforge.cli import main_train
 from srforge.runtime.checkpoint import (
     load_checkpoint,
     model_from_checkpoint,
@@ -87,3 +90,33 @@ def test_class_names_and_shared_parts_are_bounded_on_load(tmp_path, change, expe
     assert time.perf_counter() - started < 5
     save_checkpoint({**_payload(model), "config": {"x": _nested(3)}}, tmp_path / "fine.pt")
     assert load_checkpoint(tmp_path / "fine.pt")["config"]["x"] == _nested(3)  # 729 shared names: fine
+
+
+def test_a_checkpoint_with_aliased_class_names_is_refused_by_predict_and_resume(trained, tmp_path, capsys):
+    from srforge.cli import main_predict
+
+    names = ["lol"] * 9
+    for _ in range(8):
+        names = [names] * 9  # 9**9 names from 81 shared lists, as a pickle stores them
+    c = torch.load(trained / "best.pt", weights_only=True)
+    c["class_names"] = names
+    c["config"]["model"]["class_names"] = names
+    torch.save(c, tmp_path / "names.pt")
+    (tmp_path / "scans").mkdir()
+    Image.fromarray(np.full((8, 8, 3), 200, np.uint8)).save(tmp_path / "scans" / "a.png")
+    out = tmp_path / "out"
+    args = ["--checkpoint", str(tmp_path / "names.pt"), "--input", str(tmp_path / "scans"), "--output", str(out)]
+    assert main_predict(args) == 2
+    assert "names.pt: class_names: class name 0 must be a string, found list" in capsys.readouterr().err
+    assert not out.exists()
+    assert main_train(["--resume", str(tmp_path / "names.pt")]) == 2
+    assert "class name 0 must be a string" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["names.pt", "scans"]
+
+
+def test_a_checkpoint_folder_is_named_as_a_folder(tmp_path):
+    from srforge.runtime.checkpoint import load_checkpoint
+
+    (tmp_path / "last.pt").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match=r"is a folder, not a checkpoint file; it holds last.pt"):
+        load_checkpoint(tmp_path)

@@ -1,28 +1,23 @@
-"""srforge-train against hostile and careless input: checkpoints that ask to run code, copied runs, bad configs.
-
-Every refusal is exit status 2 with a message naming the key, file or sample, and nothing written before it.
+"""srforge-train, the command (srforge.cli.train): the script end to end, and stopped by Ctrl-C; every mistake in a
+config, a Dataset or its labels refused with exit status 2 and a message naming the key, file or sample, before
+anything is written, never a traceback; a run stopped before its first checkpoint requeued by --resume.
 """
 
-import shutil
+import signal
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import yaml
-from PIL import Image
+from test_field_view import FIELDS
+from test_train import ROOT, TRAIN, _overrides, tiny_config
 from torch.utils.data import Dataset
 
 from srforge.cli import main_train
-from srforge.config import resolve
-from srforge.config.trust import untrusted_imports
-from srforge.runtime.checkpoint import load_checkpoint
+from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint
 from srforge.train import train
-
-ROOT = Path(__file__).resolve().parents[1]
-TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
 
 
 class Strips(Dataset):
@@ -45,7 +40,7 @@ class Strips(Dataset):
 CONFIG = {
     "run": {"seed": 1, "device": "cpu"},
     "data": {
-        "dataset": {"class": "test_hostile:Strips", "args": {"n": 6}},
+        "dataset": {"class": "test_cli_train:Strips", "args": {"n": 6}},
         "fields": {"image": "scan", "mask": "labels", "name": "id"},
         "batch_size": 2,
         "val_fraction": 0.34,
@@ -53,14 +48,6 @@ CONFIG = {
     "model": {"base_channels": 4, "depth": 2},
     "train": {"epochs": 1, "lr": 0.01, "warmup_steps": 1},
 }
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A run folder after one epoch: config.yaml, last.pt, best.pt, metrics."""
-    run = tmp_path_factory.mktemp("hostile") / "run"
-    train(resolve({**CONFIG, "run": {**CONFIG["run"], "dir": str(run)}}))
-    return run
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -75,78 +62,88 @@ def _config_file(tmp_path: Path, **sections) -> Path:
     return path
 
 
-# -- failure 1: a checkpoint names code to import ----------------------------------------------------------
-def test_a_resumed_checkpoint_cannot_make_srforge_import_code(trained, tmp_path):
-    c = torch.load(trained / "best.pt", weights_only=True)
-    pwned = tmp_path / "PWNED"
-    c["config"]["data"]["dataset"] = {"class": "subprocess:run", "args": {"args": ["touch", str(pwned)]}}
-    evil = tmp_path / "evil.pt"
-    torch.save(c, evil)
-    before = _snapshot(tmp_path)
-    done = subprocess.run([*TRAIN, "--resume", str(evil)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert not pwned.exists()
-    assert "import data.dataset.class=subprocess:run" in done.stderr
-    assert "allow it on the command line: data.dataset.class=subprocess:run" in done.stderr
-    assert "Traceback" not in done.stderr and _snapshot(tmp_path) == before  # nothing written
+# -- the script -----------------------------------------------------------------------------------------------------
+def test_train_script_end_to_end(tmp_path):
+    done = subprocess.run(
+        [*TRAIN, "--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "run"
+    assert (tmp_path / "scans" / "images").is_dir()  # generated when missing
+    assert "epochs: 4" in (run / "config.yaml").read_text()
+    rows = (run / "metrics.csv").read_text().splitlines()
+    header, values = rows[0].split(","), [dict(zip(rows[0].split(","), r.split(","))) for r in rows[1:]]
+    assert len(values) == 4 and "val_mean_iou" in header
+    assert float(values[-1]["train_loss"]) < float(values[0]["train_loss"])
+    for name in ("last.pt", "best.pt"):
+        ckpt = load_checkpoint(run / name)
+        model = model_from_checkpoint(ckpt)
+        assert model.size_divisor == 8 and ckpt["class_names"] == ["background", "curve"]
+        assert ckpt["config"]["train"]["epochs"] == 4
+    assert "best validation mean IoU" in done.stdout
 
 
-def test_every_import_path_of_a_checkpoint_is_checked(trained, tmp_path, capsys):
-    c = torch.load(trained / "last.pt", weights_only=True)
-    c["config"]["data"]["val_dataset"] = {"class": "os:system", "args": {"command": f"touch {tmp_path / 'P'}"}}
-    torch.save(c, tmp_path / "evil.pt")
-    assert main_train(["--resume", str(tmp_path / "evil.pt")]) == 2
-    assert "data.val_dataset.class=os:system" in capsys.readouterr().err and not (tmp_path / "P").exists()
-    # The run folder's own config.yaml names the dataset class: a legitimate resume needs nothing more.
-    assert untrusted_imports(c["config"], [yaml.safe_load((trained / "config.yaml").read_text())]) == [
-        ("data.val_dataset.class", "os:system")
-    ]
+@pytest.mark.slow
+def test_config_errors_from_the_command_line(tmp_path):
+    def run(*args):
+        return subprocess.run([*TRAIN, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+    unknown = run("--config", "configs/quickstart.yaml", "train.epoch=3")
+    assert unknown.returncode == 2 and "Did you mean 'train.epochs'" in unknown.stderr
+    wrong = run("--config", "configs/quickstart.yaml", "train.epochs=many")
+    assert wrong.returncode == 2 and "train.epochs: expected int, found str 'many'" in wrong.stderr
+    missing = run("--config", str(tmp_path / "missing.yaml"))
+    assert missing.returncode == 2 and f"Config file not found: {tmp_path / 'missing.yaml'}" in missing.stderr
 
 
-def test_what_counts_as_named_by_the_user():
-    cfg = resolve({"data": {"dataset": {"class": "mine:Scans"}, "val_dataset": {"class": "srforge.config.load:dump"}}})
-    assert untrusted_imports(cfg, []) == [
-        ("data.dataset.class", "mine:Scans"),
-        ("data.val_dataset.class", "srforge.config.load:dump"),
-    ]
-    # the same path at the same key, from a file or a command-line override (dotted keys), is allowed
-    assert untrusted_imports(cfg, [{"data.dataset.class": "mine:Scans"}]) == [
-        ("data.val_dataset.class", "srforge.config.load:dump")
-    ]
-    assert untrusted_imports(cfg, [{"data": {"val_dataset": {"class": "mine:Scans"}}}])[0][0] == "data.dataset.class"
-    # srforge's own Dataset classes are allowed; srforge functions that are not Datasets are not
-    default = resolve({})
-    assert default["data"]["dataset"]["class"].startswith("srforge.") and untrusted_imports(default, []) == []
+@pytest.mark.slow
+def test_ctrl_c_writes_last_pt_and_the_run_resumes(tmp_path):
+    args = [*TRAIN, "--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path, epochs=50)]
+    # A shell that starts jobs in the background makes them ignore SIGINT, and Python then installs no
+    # KeyboardInterrupt handler: give the child the default disposition, as a terminal would.
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 240
+    while not metrics.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted; wrote" in out
+    ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert ckpt["epoch"] >= 1
+    resumed = subprocess.run(
+        [*TRAIN, "--resume", str(tmp_path / "run"), "train.stop_after=1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["epoch"] == ckpt["epoch"] + 1
 
 
-# -- failure 4: a copied run is resumed in place -------------------------------------------------------
-def test_resuming_a_copied_run_writes_into_the_copy(trained, tmp_path, capsys):
-    copy = tmp_path / "copy"
-    shutil.copytree(trained, copy)
-    original = _snapshot(trained)
-    assert main_train(["--resume", str(copy), "train.epochs=2"]) == 0
-    assert f"resuming {copy} at epoch 2" in capsys.readouterr().out
-    assert _snapshot(trained) == original
-    assert load_checkpoint(copy / "last.pt")["epoch"] == 2
-    assert f"dir: {copy}" in (copy / "config.yaml").read_text()
-    # a checkpoint file: its own folder; run.dir on the command line: there
-    moved = tmp_path / "moved"
-    shutil.copytree(trained, moved)
-    assert main_train(["--resume", str(moved / "last.pt"), "train.epochs=2"]) == 0
-    assert load_checkpoint(moved / "last.pt")["epoch"] == 2
-    elsewhere = tmp_path / "elsewhere"
-    assert main_train(["--resume", str(copy), "train.epochs=3", f"run.dir={elsewhere}"]) == 0
-    assert load_checkpoint(elsewhere / "last.pt")["epoch"] == 3 and load_checkpoint(copy / "last.pt")["epoch"] == 2
-    assert _snapshot(trained) == original
-
-
-# -- rough edges: a message, exit 2, nothing written -----------------------------------------------------
+# -- a config's mistakes: exit status 2, the key or file named, nothing written -------------------------------------
 @pytest.mark.parametrize(
     "override, expected",
     [
         ("data.dataset.class=no_such_module:Scans", "data.dataset.class: cannot import module 'no_such_module'"),
-        ("data.dataset.class=test_hostile:Nope", "data.dataset.class: module 'test_hostile' has no attribute 'Nope'"),
-        ("data.dataset.args.colour=red", "data.dataset.args: test_hostile:Strips cannot be built with {'n': 6, 'col"),
+        (
+            "data.dataset.class=test_cli_train:Nope",
+            "data.dataset.class: module 'test_cli_train' has no attribute 'Nope'",
+        ),
+        ("data.dataset.args.colour=red", "data.dataset.args: test_cli_train:Strips cannot be built with {'n': 6, 'col"),
         ("run.device=cuda:7", "run.device: no device 'cuda:7'"),
         ("run.device=gpu", "run.device: 'gpu' is not a device"),
         ("train.lr=.inf", "train.lr: expected a finite number, found inf"),
@@ -177,15 +174,6 @@ def test_a_missing_dataset_root_is_named(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-def test_mask_values_beyond_num_classes_are_a_message_naming_the_sample(tmp_path, capfd, workers):
-    config = _config_file(tmp_path, data={"num_workers": workers})
-    assert main_train(["--config", str(config), "model.num_classes=1"]) == 2
-    err = capfd.readouterr().err
-    assert "Strips[" in err and "('strip_" in err and "model.num_classes=1" in err
-    assert "Traceback" not in err and "DataLoader worker" not in err
-
-
 def test_empty_and_non_utf8_config_files_are_named(tmp_path, capsys):
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing here\n")
@@ -210,40 +198,72 @@ def test_an_aliased_class_names_bomb_is_refused_from_a_config_file(tmp_path, cap
     assert f"{bomb}: its aliases (*name) expand it to more than" in err
 
 
-def test_a_checkpoint_with_aliased_class_names_is_refused_by_predict_and_resume(trained, tmp_path, capsys):
-    from srforge.cli import main_predict
-
-    names = ["lol"] * 9
-    for _ in range(8):
-        names = [names] * 9  # 9**9 names from 81 shared lists, as a pickle stores them
-    c = torch.load(trained / "best.pt", weights_only=True)
-    c["class_names"] = names
-    c["config"]["model"]["class_names"] = names
-    torch.save(c, tmp_path / "names.pt")
-    (tmp_path / "scans").mkdir()
-    Image.fromarray(np.full((8, 8, 3), 200, np.uint8)).save(tmp_path / "scans" / "a.png")
-    out = tmp_path / "out"
-    args = ["--checkpoint", str(tmp_path / "names.pt"), "--input", str(tmp_path / "scans"), "--output", str(out)]
-    assert main_predict(args) == 2
-    assert "names.pt: class_names: class name 0 must be a string, found list" in capsys.readouterr().err
-    assert not out.exists()
-    assert main_train(["--resume", str(tmp_path / "names.pt")]) == 2
-    assert "class name 0 must be a string" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["names.pt", "scans"]
+def test_training_refuses_a_depth_deeper_than_the_scans_before_building_a_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "careless_data.py").write_text("from test_field_view import Careless  # noqa: F401\n")
+    config = {
+        "run": {"dir": str(tmp_path / "run"), "device": "cpu"},
+        "data": {"dataset": {"class": "careless_data:Careless", "args": {}}, "fields": FIELDS},
+        "model": {"base_channels": 4, "depth": 10},
+        "train": {"epochs": 1},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main_train(["--config", str(tmp_path / "config.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "srforge-train: error: model.depth:" in err and "use depth" in err and "Traceback" not in err
+    assert not (tmp_path / "run" / "last.pt").exists()
 
 
-def test_resolve_device_names_the_devices_there_are(monkeypatch):
-    from srforge.runtime.device import resolve_device
+# -- a Dataset's and its labels' mistakes: exit status 2, the sample named ------------------------------------------
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_mask_values_beyond_num_classes_are_a_message_naming_the_sample(tmp_path, capfd, workers):
+    """train(cfg) raises a ValueError naming the sample; srforge-train turns it into exit status 2 and one line,
+    also when a DataLoader worker read the sample."""
+    cfg = tiny_config(tmp_path / "api", epochs=1)
+    cfg["model"]["num_classes"] = 1
+    cfg["model"]["class_names"] = None
+    with pytest.raises(
+        ValueError, match=r"TinyStrips\[\d+\] \('strip_\d+'\): mask values \[1\] are not classes of model.num_classes=1"
+    ):
+        train(cfg)
+    capfd.readouterr()
+    config = _config_file(tmp_path, data={"num_workers": workers})
+    assert main_train(["--config", str(config), "model.num_classes=1"]) == 2
+    err = capfd.readouterr().err
+    assert "Strips[" in err and "('strip_" in err and "model.num_classes=1" in err
+    assert "Traceback" not in err and "DataLoader worker" not in err
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    assert resolve_device("cuda:1") == torch.device("cuda", 1)
-    # Always indexed (torch.cuda.set_device refuses a bare "cuda"): the current device.
-    assert resolve_device("cuda") == torch.device("cuda", 1) and resolve_device("auto") == torch.device("cuda", 1)
-    with pytest.raises(ValueError, match=r"no device 'cuda:7': this machine has cuda:0 to cuda:1; use one of those"):
-        resolve_device("cuda:7")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match=r"no device 'cuda': this machine has no CUDA device; use cpu"):
-        resolve_device("cuda")
-    assert resolve_device("cpu") == torch.device("cpu")
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake", ["tuple", "raises", "long", "float"])
+def test_train_ends_with_status_2_and_the_sample_named(mistake, tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "careless_data.py").write_text(
+        "from test_field_view import Careless  # noqa: F401\n"
+    )
+    config = {
+        "run": {"dir": str(tmp_path / "run"), "device": "cpu"},
+        "data": {"dataset": {"class": "careless_data:Careless", "args": {"mistake": mistake}}, "fields": FIELDS},
+        "model": {"base_channels": 4, "depth": 2},
+        "train": {"epochs": 1},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main_train(["--config", str(tmp_path / "config.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "srforge-train: error: Careless[" in err and "Traceback" not in err
+
+
+# -- --resume -------------------------------------------------------------------------------------------------------
+def test_a_run_stopped_before_its_first_checkpoint_is_requeued_by_resume(tmp_path, capsys):
+    run = tmp_path / "run"
+    config_file = tmp_path / "cfg.yaml"
+    config_file.write_text(yaml.safe_dump(tiny_config(run, epochs=1)))
+    run.mkdir()
+    (run / "config.yaml").write_text(config_file.read_text())  # what a run stopped during its first epoch leaves
+    assert main_train(["--resume", str(run)]) == 0
+    assert f"{run.resolve()} holds no checkpoint yet" in capsys.readouterr().out
+    assert load_checkpoint(run / "last.pt")["epoch"] == 1
+    (run / "last.pt").unlink()  # best.pt written, then the disk was full at last.pt
+    assert main_train(["--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{(run / 'best.pt').resolve()} does: continue from it with --resume {run / 'best.pt'}" in err

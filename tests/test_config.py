@@ -6,6 +6,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+import yaml
 
 from srforge.config import (
     ConfigError,
@@ -16,6 +17,8 @@ from srforge.config import (
     parse_override,
     resolve,
 )
+from srforge.config.schema import ModelSection
+from srforge.constants import MAX_DEPTH
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -243,3 +246,117 @@ def test_synthetic_scale_is_a_number_or_a_range():
         resolve({}, ["data.synthetic.scale=[3e-2, 5e-2]"])
     with pytest.raises(ConfigError, match=r"data.synthetic.scale\[1\]: expected a finite number, found inf"):
         resolve({"data": {"synthetic": {"scale": [0.03, float("inf")]}}})
+
+
+def test_duplicate_class_names_are_refused():
+    with pytest.raises(ConfigError, match=r"model.class_names: class name 1 'bg' repeats class name 0"):
+        resolve({"model": {"num_classes": 2, "class_names": ["bg", "bg"]}})
+
+
+def test_duplicate_keys_in_a_config_file_are_an_error_naming_both_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("train:\n  epochs: 1\ndata:\n  batch_size: 2\ntrain:\n  epochs: 50\n")
+    from srforge.config import load_config
+
+    with pytest.raises(ConfigError, match=r"the key 'train' is given twice in one mapping \(lines 1 and 5\)"):
+        load_config(str(path), [])
+    path.write_text("data:\n  dataset:\n    args: {root: d1, root: dtiny}\n")
+    with pytest.raises(ConfigError, match=r"the key 'root' is given twice in one mapping \(lines 3 and 3\)"):
+        load_config(str(path), [])
+    with pytest.raises(ConfigError, match="is a folder, not a config file"):
+        load_config(str(tmp_path), [])
+
+
+def test_an_override_of_one_of_a_pair_replaces_the_other_and_says_so(capsys):
+    from srforge.config import load_config
+
+    cfg = load_config("configs/quickstart.yaml", ["data.batch_size=8"])
+    assert (cfg.data.batch_size, cfg.data.max_pixels) == (8, None)
+    assert "data.batch_size given on the command line: data.max_pixels (30000) set to null" in capsys.readouterr().out
+    cfg = load_config("configs/quickstart.yaml", ["model.class=test_model_create:TinyNet"])
+    assert cfg.model.depth == 5 and cfg.model.class_ == "test_model_create:TinyNet"
+    assert "the UNet keys base_channels, depth reset" in capsys.readouterr().out
+
+
+def test_config_accepts_auto_numbers_and_null_for_max_pixels_and_crops():
+    assert resolve({"data": {"batch_size": None, "max_pixels": "auto"}})["data"]["max_pixels"] == "auto"
+    with pytest.raises(ConfigError, match=r"data.max_pixels: expected an int >= 1, auto or null, found 'max'"):
+        resolve({"data": {"batch_size": None, "max_pixels": "max"}})
+    with pytest.raises(ConfigError, match=r"data.max_pixels: expected an integer >= 1 \(or auto\), found 0"):
+        resolve({"data": {"batch_size": None, "max_pixels": 0}})
+    assert resolve({"data": {"crop": [512, 4096]}})["data"]["crop"] == [512, 4096]
+    with pytest.raises(ConfigError, match=r"data.crop: expected an int >= 1 or \[H, W\] of them"):
+        resolve({"data": {"crop": [512]}})
+    with pytest.raises(ConfigError, match=r"train.accumulate: expected an integer >= 1, found 0"):
+        resolve({"train": {"accumulate": 0}})
+    welllog = resolve(yaml.safe_load((ROOT / "configs" / "welllog.yaml").read_text()))
+    assert welllog["data"]["max_pixels"] == "auto"
+
+
+def test_model_depth_has_a_static_bound_that_names_it():
+    assert resolve({"model": {"depth": MAX_DEPTH}}).model.depth == MAX_DEPTH
+    with pytest.raises(ConfigError, match=r"model.depth: expected an integer <= 16 \(.*65,536 px.*\), found 40"):
+        resolve({"model": {"depth": 40}})
+    with pytest.raises(ConfigError, match=r"model.depth: expected an integer >= 1, found 0"):
+        resolve({"model": {"depth": 0}})
+    assert ModelSection.depth.maximum == MAX_DEPTH
+
+
+def test_an_ignore_index_that_is_a_class_id_is_refused_naming_both_keys():
+    for index, classes in [(1, 2), (0, 2), (4, 5)]:
+        expected = rf"data.ignore_index and model.num_classes: .*found data.ignore_index {index}, so class {index}"
+        with pytest.raises(ConfigError, match=expected):
+            resolve({"data": {"ignore_index": index}, "model": {"num_classes": classes}})
+    for index, classes in [(2, 2), (-1, 2), (255, 2), (255, 300)]:
+        assert resolve({"data": {"ignore_index": index}, "model": {"num_classes": classes}}).data.ignore_index == index
+
+
+# -- an error names the override that set the bad value, not the file -----------------------------------------------
+@pytest.fixture
+def config_file(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"train": {"epochs": 2}, "data": {"dataset": {"args": {"root": "scans"}}}}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lr=abc", r"train.lr: expected float or int, found str 'abc'"),
+        ("train.lr=-1", r"train.lr: expected a positive number, found -1"),
+        ("model.depth=40", r"model.depth: expected an integer <= 16"),
+        ("data.ignore_index=1", r"data.ignore_index and model.num_classes"),
+        ("data.batch_size=null", r"data.batch_size and data.max_pixels: set exactly one"),
+        ("data={batch_size: 0}", r"data.batch_size: expected an integer >= 1"),
+        ("data.augment.noise=-.inf", r"data.augment.noise: expected a finite number"),
+        ("data.dataset.args.root.x=1", r"data.dataset.args.root: expected a mapping for data.dataset.args.root.x"),
+        ("trian.lr=1", r"Unknown config key 'trian'. Did you mean 'train'"),
+    ],
+)
+def test_an_override_error_names_the_override_not_the_file(config_file, override, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(config_file, ["run.seed=3", override])
+    text = str(caught.value)
+    assert text.startswith(f"Override '{override}': ") and str(config_file) not in text
+    assert caught.value.override == override
+    assert re.search(message, text), text
+
+
+def test_a_bad_value_from_the_file_still_names_the_file(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"train": {"lr": -1}, "data": {"ignore_index": 0}}))
+    with pytest.raises(ConfigError, match=rf"^{path}: train.lr: expected a positive number") as caught:
+        load_config(path, ["train.epochs=3", "model.depth=4"])
+    assert caught.value.override is None
+    with pytest.raises(ConfigError, match=rf"^{path}: data.ignore_index and model.num_classes"):
+        load_config(path, ["train.lr=0.01"])
+    assert load_config(path, ["train.lr=0.01", "data.ignore_index=255"]).data.ignore_index == 255
+    path.write_text("train: {lr: abc}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: train.lr: expected float or int"):
+        load_config(path, ["train.epochs=3"])
+
+
+def test_the_last_override_of_a_key_is_blamed():
+    with pytest.raises(ConfigError, match=r"^Override 'train=\{lr: -2\}': train.lr: expected a positive number"):
+        resolve({}, ["train.lr=-1", "train={lr: -2}", "run.seed=1"])
+    assert resolve({"train": {"lr": -1}}, ["train.lr=0.5"]).train.lr == 0.5  # an override may mend the file

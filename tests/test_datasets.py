@@ -221,3 +221,41 @@ def test_check_data_refuses_a_class_count_below_one(folder, capsys):
     with pytest.raises(SystemExit) as exit_:
         main_check_data([str(folder), "--num-classes", "0"])
     assert exit_.value.code == 2 and "--num-classes must be >= 1, found 0" in capsys.readouterr().err
+
+
+def _folder(root, masks: dict, image_suffix=".png", mask_suffix=".png"):
+    from PIL import Image
+
+    for name, mask in masks.items():
+        (root / "images").mkdir(parents=True, exist_ok=True)
+        (root / "masks").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((*mask.shape, 3), 128, np.uint8)).save(root / "images" / f"{name}{image_suffix}")
+        Image.fromarray(mask).save(root / "masks" / f"{name}{mask_suffix}")
+    return root
+
+
+def test_check_data_reports_masks_saved_as_0_and_255(tmp_path):
+    from srforge.data.datasets import check_folder
+
+    mask = np.zeros((8, 16), np.uint8)
+    mask[4, 2:14] = 255
+    count, problems = check_folder(_folder(tmp_path / "a", {"s0": mask, "s1": mask}), num_classes=2)
+    assert count == 2 and len(problems) == 1 and "every mask holds only 0 and 255" in problems[0]
+    mixed = {"s0": mask, "s1": np.where(mask == 255, 1, 0).astype(np.uint8)}  # one mask with a real class: fine
+    assert check_folder(_folder(tmp_path / "b", mixed), num_classes=2) == (2, [])
+
+
+def test_jpeg_masks_and_multi_page_tiffs_are_reported(tmp_path):
+    from PIL import Image
+
+    from srforge.data.datasets import check_folder
+    from srforge.data.images import DataWarning, read_image
+
+    mask = np.zeros((8, 16), np.uint8)
+    mask[4, 2:14] = 1
+    count, problems = check_folder(_folder(tmp_path / "j", {"s0": mask}, mask_suffix=".jpg"), num_classes=2)
+    assert any("a JPEG mask is lossy" in p and "s0.jpg" in p for p in problems), problems
+    pages = [Image.fromarray(np.full((8, 16, 3), v, np.uint8)) for v in (10, 200)]
+    pages[0].save(tmp_path / "two.tif", save_all=True, append_images=pages[1:])
+    with pytest.warns(DataWarning, match=r"two.tif: has 2 pages; srforge reads the first one only"):
+        assert int(read_image(tmp_path / "two.tif")[0, 0, 0]) == 10

@@ -16,6 +16,7 @@ import torch
 from helpers import labels, rgb, write
 from PIL import Image
 from predict_fixtures import one_thread, png, random_checkpoint, write_zip  # noqa: F401
+from test_cli_predict import _labelled
 
 from srforge.cli import main_evaluate
 from srforge.evaluate.metrics import figures
@@ -178,3 +179,11 @@ def test_two_torchrun_processes_give_the_metrics_of_one(tmp_path, ckpt, data):
     assert two.pop("run")["processes"] == 2 and one.pop("run")["processes"] == 1
     assert one == two
     assert (tmp_path / "one" / "scans.csv").read_text() == (tmp_path / "two" / "scans.csv").read_text()
+
+
+def test_evaluate_names_its_report_by_an_absolute_path(tmp_path, monkeypatch, capsys):
+    random_checkpoint(tmp_path / "m.pt")
+    _labelled(tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    assert main_evaluate(["--checkpoint", "m.pt", "--input", "data", "--output", "scores", "--workers", "0"]) == 0
+    assert f"report: {tmp_path / 'scores' / 'report.html'}" in capsys.readouterr().out

@@ -56,6 +56,7 @@ def exported(tmp_path_factory):
     return model, tmp / "model.onnx", out
 
 
+@pytest.mark.slow
 def test_export_writes_a_dynamic_model_and_prints_the_check(exported):
     import onnxruntime
 
@@ -72,6 +73,7 @@ def test_export_writes_a_dynamic_model_and_prints_the_check(exported):
     assert sorted(p.name for p in path.parent.iterdir()) == ["best.pt", "model.onnx"]  # no temporary left
 
 
+@pytest.mark.slow
 def test_the_exported_model_serves_sizes_and_batches_it_was_not_traced_with(exported):
     import onnxruntime
 
@@ -86,12 +88,14 @@ def test_the_exported_model_serves_sizes_and_batches_it_was_not_traced_with(expo
         assert np.abs(got[i, :, :h, :w] - want[i, :, :h, :w]).max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_the_check_fails_with_a_clear_message_for_a_model_that_was_not_exported(exported):
     _, path, _ = exported
     with pytest.raises(OnnxCheckError, match=r"differ from PyTorch's by up to .* expected at most 0.0001"):
         check_onnx(_tiny(seed=1), path)
 
 
+@pytest.mark.slow
 def test_the_readme_snippet_predicts_a_scan_with_onnxruntime_alone(exported, tmp_path, monkeypatch):
     model, path, _ = exported
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
@@ -140,6 +144,7 @@ def test_a_missing_extra_is_an_error_that_names_it(missing, tmp_path, monkeypatc
     assert not (tmp_path / "m.onnx").exists()
 
 
+@pytest.mark.slow
 def test_without_onnxruntime_the_export_is_written_and_the_check_skipped_with_a_note(exported, tmp_path, monkeypatch):
     _, path, _ = exported
     monkeypatch.setattr("srforge.export.onnx.export_onnx", lambda model, out, **kw: Path(shutil.copy(path, out)))
@@ -174,6 +179,7 @@ def test_an_output_that_cannot_be_written_is_exit_status_2(tmp_path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "model.onnx"]  # no temporary left
 
 
+@pytest.mark.slow
 def test_run_onnx_names_what_is_wrong_with_the_inputs_before_onnxruntime_does(exported):
     import onnxruntime
 

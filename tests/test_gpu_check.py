@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import torch; assert not torch.cuda.is_available()"]).returncode != 0,
     reason="a CUDA device is present: gpu_check.sh runs its real checks there",

@@ -74,6 +74,7 @@ def test_a_user_hook_from_yaml_runs_at_every_event_and_its_state_is_saved(tmp_pa
         train(resolve(cfg))
 
 
+@pytest.mark.slow
 def test_exact_resume_with_ema_a_user_hook_and_accumulation_mid_epoch(tmp_path, monkeypatch):
     """A Ctrl-C in epoch 2 (inside an update of 2 batches) with EMA and a stateful user hook on: the resumed run
     ends with the straight run's bits in the weights, the averaged weights and the hook's state."""
@@ -106,6 +107,7 @@ def test_exact_resume_with_ema_a_user_hook_and_accumulation_mid_epoch(tmp_path, 
     assert not all(torch.equal(a["model"][k], ema_a["weights"][k]) for k in a["model"])
 
 
+@pytest.mark.slow
 def test_validation_and_best_pt_use_the_averaged_weights(tmp_path):
     summary = train(_cfg(tmp_path / "run", hooks=False, ema=0.5, epochs=2, val_every=1))
     best = load_checkpoint(tmp_path / "run" / "best.pt")
@@ -148,6 +150,7 @@ class Hook:
 """
 
 
+@pytest.mark.slow
 def test_a_checkpoint_naming_a_hook_class_it_was_not_configured_with_imports_nothing(tmp_path, monkeypatch, capsys):
     """A downloaded run folder: a checkpoint whose embedded config names evil_hooks:Hook, evil_hooks.py beside it,
     the working directory there, and no config.yaml of the user's naming it. --resume refuses before importing."""

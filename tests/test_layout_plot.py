@@ -7,6 +7,7 @@ import pytest
 from helpers import labels, rgb
 from PIL import Image
 
+import srforge.data.layout_plot as layout_plot
 from srforge.cli import main_check_data
 from srforge.config import load_config
 from srforge.data.layout_plot import (
@@ -163,3 +164,9 @@ def test_check_data_plot_with_a_config_draws_what_its_trainer_forms(make_pair, t
     )
     with Image.open(tmp_path / "cli.png") as cli, Image.open(tmp_path / "quickstart.png") as quickstart:
         assert np.array_equal(np.asarray(cli), np.asarray(quickstart))
+
+
+def test_a_picture_too_large_to_draw_is_refused_before_allocating(tmp_path):
+    layout = layout_plot.batch_layout([(12, 20), (16, 9), (7, 30)], batch_size=1, divisor=2**16, val_fraction=None)
+    with pytest.raises(ValueError, match=r"at 1:1 would be 66,000 x 196,754 px, more than 64,000,000 pixels"):
+        layout_plot.draw_batch_layout(layout, 3, scale=1)

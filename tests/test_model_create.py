@@ -1,8 +1,10 @@
-"""Any nn.Module by one line of YAML: train, resume exactly, predict and export from the checkpoint alone; the trust
-rule for classes a checkpoint names; the contract check; weights files; srforge's UNet unchanged.
+"""Any nn.Module by one line of YAML (srforge.models.create): train, resume exactly, predict and export from the
+checkpoint alone; the trust rule for model classes a checkpoint names; what is refused before it is built or
+called; srforge's UNet unchanged.
 
-The models are defined here, so their import paths are ``test_any_model:Name`` (pytest puts the
-tests folder on sys.path). Images are tens of pixels, weights random, nothing is downloaded.
+The models are defined here, so their import paths are ``test_model_create:Name`` (pytest puts the tests folder on
+sys.path); the contract and weights tests (test_model_contract.py, test_model_weights.py) use them too. Images are
+tens of pixels, weights random, nothing is downloaded.
 """
 
 import shutil
@@ -16,12 +18,10 @@ from helpers import odd_scans, rgb, scan_folder
 from PIL import Image
 from torch import nn
 
-from srforge.cli import main_check_data, main_export, main_predict, main_train
+from srforge.cli import main_export, main_predict, main_train
 from srforge.config import ConfigError, resolve
 from srforge.models import UNet
-from srforge.models.contract import ImageOnly, check_model
 from srforge.models.create import create_model
-from srforge.models.weights import WeightsFile, load_weights
 from srforge.predict.predictor import Predictor
 from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from srforge.train.from_config import build_model
@@ -74,7 +74,7 @@ def _config(run_dir: Path, root: Path, **model) -> dict:
             "dataset": {"class": "srforge.data.datasets:SegmentationFolder", "args": {"root": str(root)}},
             "batch_size": 3,
         },
-        "model": {"class": "test_any_model:TinyNet", "args": {"width": 6}, "class_names": ["paper", "ink"], **model},
+        "model": {"class": "test_model_create:TinyNet", "args": {"width": 6}, "class_names": ["paper", "ink"], **model},
         "train": {"epochs": 3, "lr": 0.01, "warmup_steps": 2},
     }
 
@@ -84,6 +84,12 @@ def _config_file(folder: Path, run_dir: Path, root: Path, **model) -> Path:
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(_config(run_dir, root, **model)))
     return path
+
+
+def _yaml(tmp_path, cfg) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +105,14 @@ def runs(tmp_path_factory):
     return tmp
 
 
-# -- training, resume, prediction, export ------------------------------------------------------------------
+# -- training, resume, prediction, export ---------------------------------------------------------------------------
 def test_a_model_from_yaml_trains_and_its_checkpoint_records_how_to_rebuild_it(runs):
     ckpt = load_checkpoint(runs / "straight" / "last.pt")
-    assert ckpt["model_class"] == "test_any_model:TinyNet" and ckpt["model_norm"] == "keep"
+    assert ckpt["model_class"] == "test_model_create:TinyNet" and ckpt["model_norm"] == "keep"
     assert ckpt["model_args"] == {"in_channels": 3, "num_classes": 2, "width": 6}
     assert ckpt["size_divisor"] == 4 and ckpt["epoch"] == 3
-    assert "class: test_any_model:TinyNet" in (runs / "straight" / "config.yaml").read_text()
-    model = model_from_checkpoint(ckpt, allowed=["test_any_model:TinyNet"])
+    assert "class: test_model_create:TinyNet" in (runs / "straight" / "config.yaml").read_text()
+    model = model_from_checkpoint(ckpt, allowed=["test_model_create:TinyNet"])
     assert isinstance(model, TinyNet) and not model.training
     assert all(torch.equal(model.state_dict()[k], v) for k, v in ckpt["model"].items())
 
@@ -123,13 +129,13 @@ def test_predict_rebuilds_the_model_from_the_checkpoint_once_its_class_is_named(
     sizes = odd_scans(tmp_path / "scans")
     out = tmp_path / "out"
     args = ["--checkpoint", str(runs / "straight" / "best.pt"), "--input", str(tmp_path / "scans")]
-    allow = ["--allow-model", "test_any_model:TinyNet"]
+    allow = ["--allow-model", "test_model_create:TinyNet"]
     assert main_predict([*args, "--output", str(out), "--no-progress", "--workers", "0", *allow]) == 0
     for name, (h, w) in sizes.items():
         with Image.open(out / "masks" / f"{name}.png") as mask:
             assert mask.size == (w, h)
     # tiled (a budget below a scan's padded area) and whole give the same class maps
-    named = ["test_any_model:TinyNet"]
+    named = ["test_model_create:TinyNet"]
     whole = Predictor.from_checkpoint(runs / "straight" / "best.pt", device="cpu", allow_model=named)
     tiled = Predictor.from_checkpoint(
         runs / "straight" / "best.pt", device="cpu", max_pixels=24 * 24, overlap=8, allow_model=named
@@ -139,11 +145,12 @@ def test_predict_rebuilds_the_model_from_the_checkpoint_once_its_class_is_named(
     assert a.shape == (40, 52) and float((a == b).float().mean()) > 0.99
 
 
+@pytest.mark.slow
 def test_export_of_any_model_matches_onnxruntime(runs, tmp_path, capsys):
     for name in ("onnx", "onnxscript", "onnxruntime"):
         pytest.importorskip(name, reason='ONNX export needs the optional extra: pip install -e ".[export]"')
     out = tmp_path / "tiny.onnx"
-    named = ["--allow-model", "test_any_model:TinyNet"]
+    named = ["--allow-model", "test_model_create:TinyNet"]
     assert main_export(["--checkpoint", str(runs / "straight" / "best.pt"), "--output", str(out), *named]) == 0
     printed = capsys.readouterr().out
     # TinyNet has no padding_aware: the graph takes the image alone
@@ -151,7 +158,23 @@ def test_export_of_any_model_matches_onnxruntime(runs, tmp_path, capsys):
     assert "onnxruntime vs PyTorch" in printed and out.is_file()
 
 
-# -- trust ---------------------------------------------------------------------------------------------------
+def test_a_resumed_run_keeps_its_model_class_norm_and_arguments(runs):
+    ckpt = load_checkpoint(runs / "straight" / "last.pt")
+    same = resolve(_config(runs / "x", runs / "data"))
+    assert resume_checkpoint(runs / "straight", same.model, ckpt) is ckpt
+    for model, expected in [
+        ({"class": "srforge.models.unet:UNet", "args": {}}, "model.class='srforge.models.unet:UNet'"),
+        ({"args": {"width": 7}}, "model.args.width=7 (the checkpoint has 6)"),
+        ({"num_classes": 3, "class_names": None}, "model.num_classes=3 (the checkpoint has 2)"),
+        ({"args": {}}, "model.args.width=nothing (the checkpoint has 6)"),
+    ]:
+        cfg = _config(runs / "x", runs / "data")
+        cfg["model"].update(model)
+        with pytest.raises(ConfigError, match=f"asks for {expected.replace('(', '.').replace(')', '.')}"):
+            resume_checkpoint(runs / "straight", resolve(cfg).model, ckpt)
+
+
+# -- trust ----------------------------------------------------------------------------------------------------------
 def test_a_lone_checkpoint_naming_a_class_is_refused_unless_allowed(runs, tmp_path, capsys):
     lone = tmp_path / "lone" / "best.pt"
     lone.parent.mkdir()
@@ -160,12 +183,12 @@ def test_a_lone_checkpoint_naming_a_class_is_refused_unless_allowed(runs, tmp_pa
     args = ["--checkpoint", str(lone), "--input", str(tmp_path / "scans"), "--no-progress", "--workers", "0"]
     assert main_predict([*args, "--output", str(tmp_path / "refused")]) == 2
     err = capsys.readouterr().err
-    assert "its model is test_any_model:TinyNet (model_class)" in err
-    assert "pass --allow-model test_any_model:TinyNet" in err and "Traceback" not in err
+    assert "its model is test_model_create:TinyNet (model_class)" in err
+    assert "pass --allow-model test_model_create:TinyNet" in err and "Traceback" not in err
     assert not (tmp_path / "refused" / "masks").exists()
     assert main_export(["--checkpoint", str(lone), "--output", str(tmp_path / "m.onnx")]) == 2
-    assert "--allow-model test_any_model:TinyNet" in capsys.readouterr().err
-    allowed = [*args, "--output", str(tmp_path / "allowed"), "--allow-model", "test_any_model:TinyNet"]
+    assert "--allow-model test_model_create:TinyNet" in capsys.readouterr().err
+    allowed = [*args, "--output", str(tmp_path / "allowed"), "--allow-model", "test_model_create:TinyNet"]
     assert main_predict(allowed) == 0
     assert sorted(p.stem for p in (tmp_path / "allowed" / "masks").iterdir()) == sorted(sizes)
 
@@ -215,162 +238,41 @@ def test_resume_checks_the_model_class_of_the_embedded_config(runs, tmp_path, ca
     assert not touched.exists() and "evil_model" not in sys.modules
 
 
+# -- what is refused before it is called ----------------------------------------------------------------------------
 def test_a_class_that_is_no_module_is_refused_before_it_is_called(tmp_path, capsys):
     root = scan_folder(tmp_path / "data", n=4)
-    config = _config_file(tmp_path, tmp_path / "run", root, **{"class": "test_any_model:NotAModule"})
+    config = _config_file(tmp_path, tmp_path / "run", root, **{"class": "test_model_create:NotAModule"})
     assert main_train(["--config", str(config)]) == 2
     err = capsys.readouterr().err
-    assert "model.class: test_any_model:NotAModule is the class test_any_model.NotAModule, not a torch.nn" in err
+    assert "model.class: test_model_create:NotAModule is the class test_model_create.NotAModule, not a torch.nn" in err
     with pytest.raises(ValueError, match="model.class: os:system is builtin_function_or_method, not a torch.nn.Module"):
         create_model("os:system", {"command": "echo called"})
     assert CALLED == []
+    # a function, not a class, from a config file: refused before the run folder exists
+    other = tmp_path / "function"
+    other.mkdir()
+    config = {"run": {"dir": str(other / "run"), "device": "cpu"}, "model": {"class": "os:getcwd"}}
+    (other / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main_train(["--config", str(other / "config.yaml")]) == 2
+    assert "model.class: os:getcwd is builtin_function_or_method, not a torch.nn.Module" in capsys.readouterr().err
+    assert not (other / "run").exists()
 
 
-# -- the contract ------------------------------------------------------------------------------------------
-def _build(cls, **kwargs):
-    return create_model("test:Model", kwargs, resolve=lambda path: cls, where="model.class")
+class RaisesInInit(TinyNet):
+    def __init__(self, **kwargs):
+        raise KeyError("no such layer")
 
 
-def test_the_contract_check_names_the_class_and_what_is_wrong():
-    class NoDivisor(TinyNet):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            del self.size_divisor
-
-    class BoolClasses(TinyNet):
-        num_classes = True
-
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self.num_classes = True
-
-    class Shrinks(TinyNet):
-        def forward(self, image, sizes=None):
-            return self.encoder(image.float())
-
-    class Fails(TinyNet):
-        def forward(self, image, sizes=None):
-            raise RuntimeError("boom")
-
-    with pytest.raises(ValueError, match=r"model.class: .*NoDivisor has no such attribute; .*self.size_divisor"):
-        _build(NoDivisor)
-    with pytest.raises(ValueError, match=r"BoolClasses has num_classes=True"):
-        _build(BoolClasses)
-    with pytest.raises(ValueError, match=r"Shrinks returned shape \[1, 8, 2, 3\] for an image \[1, 3, 8, 12\]"):
-        _build(Shrinks)
-    with pytest.raises(ValueError, match=r"Fails's forward failed on a zero image uint8 \[1, 3, 8, 12\].*boom"):
-        _build(Fails)
-    with pytest.raises(ValueError, match=r"TinyNet could not be built with \{'depth': 3\}.*it takes"):
-        _build(TinyNet, depth=3)
+def test_a_model_whose_init_raises_is_exit_2_naming_it(tmp_path, capsys):
+    root = scan_folder(tmp_path / "data", n=4)
+    cfg = _config(tmp_path / "run", root, **{"class": "test_model_create:RaisesInInit", "args": {}})
+    assert main_train(["--config", _yaml(tmp_path, cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "test_model_create.RaisesInInit(in_channels=3, num_classes=2) raised KeyError: 'no such layer'" in err
+    assert "Traceback" not in err
 
 
-def test_a_forward_without_sizes_is_called_with_the_image_alone():
-    model = _build(PlainNet)
-    assert isinstance(model, ImageOnly) and model.size_divisor == 4 and model.padding_aware is False
-    image = torch.randint(0, 256, (2, 3, 8, 12), dtype=torch.uint8)
-    assert torch.equal(model(image, torch.tensor([[8, 12], [5, 7]])), model.model(image))
-    assert isinstance(_build(TinyNet), TinyNet)  # a forward that takes sizes is used as it is
-    predictor = Predictor(PlainNet(), device="cpu")  # a model handed to the Predictor directly, too
-    assert predictor.predict([image[0]])[0].shape == (8, 12)
-
-
-def test_the_probe_changes_nothing_a_run_could_see():
-    class Counting(TinyNet):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self.norm = nn.BatchNorm2d(3)
-
-        def forward(self, image, sizes=None):
-            return super().forward(self.norm(image.float()))
-
-    model = _build(Counting)  # probed once in create_model
-    assert model.training and torch.equal(model.norm.running_mean, torch.zeros(3))
-    assert int(model.norm.num_batches_tracked) == 0
-    state = torch.get_rng_state()
-    model.encoder.eval()  # a submodule the user keeps in eval mode stays there
-    check_model(model, "here")
-    assert torch.equal(torch.get_rng_state(), state) and model.training and not model.encoder.training
-    assert torch.equal(model.norm.running_mean, torch.zeros(3)) and int(model.norm.num_batches_tracked) == 0
-
-
-# -- weights files -------------------------------------------------------------------------------------------
-def test_a_weights_file_round_trips_into_the_model_or_its_encoder(tmp_path):
-    torch.manual_seed(1)
-    source = TinyNet()
-    torch.save(source.state_dict(), tmp_path / "all.pt")
-    lines = []
-    model = create_model(
-        "t:TinyNet", {}, weights=WeightsFile(str(tmp_path / "all.pt")), resolve=lambda p: TinyNet, report=lines.append
-    )
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in source.state_dict().items())
-    assert lines == [f"loaded {tmp_path / 'all.pt'} into model: 8 tensors, 0 missing, 0 unexpected"]
-    # a backbone's file, with a classifier the encoder does not have
-    torch.save({**source.encoder.state_dict(), "fc.weight": torch.zeros(10, 8)}, tmp_path / "backbone.pth")
-    target = TinyNet()
-    with pytest.raises(ValueError, match=r"does not fit the encoder .*1 unexpected: \['fc.weight'\].*weights_strict"):
-        load_weights(target, WeightsFile(str(tmp_path / "backbone.pth"), into="encoder"))
-    line = load_weights(target, WeightsFile(str(tmp_path / "backbone.pth"), into="encoder", strict=False))
-    assert line == f"loaded {tmp_path / 'backbone.pth'} into encoder: 6 tensors, 0 missing, 1 unexpected: ['fc.weight']"
-    assert all(torch.equal(target.encoder.state_dict()[k], v) for k, v in source.encoder.state_dict().items())
-    assert not torch.equal(target.head.weight, source.head.weight)
-    # a file without the head, into the whole model: the head is missing
-    torch.save({k: v for k, v in source.state_dict().items() if k.startswith("encoder.")}, tmp_path / "no_head.pt")
-    with pytest.raises(ValueError, match=r"2 missing: \['head.weight', 'head.bias'\], 0 unexpected\. Load only"):
-        load_weights(TinyNet(), WeightsFile(str(tmp_path / "no_head.pt")))
-
-
-def test_weights_of_another_shape_and_other_kinds_of_files(tmp_path):
-    torch.manual_seed(2)
-    three = TinyNet(num_classes=3)
-    torch.save({"state_dict": three.state_dict(), "epoch": 7}, tmp_path / "lightning.pt")  # found under state_dict
-    with pytest.raises(ValueError, match=r"2 of another shape: \['head.weight: \[8, 3, 4, 4\] in the file, \[8, 2"):
-        load_weights(TinyNet(), WeightsFile(str(tmp_path / "lightning.pt")))
-    two = TinyNet()
-    line = load_weights(two, WeightsFile(str(tmp_path / "lightning.pt"), strict=False))
-    assert "6 tensors, 0 missing, 0 unexpected, 2 of another shape" in line
-    assert torch.equal(two.encoder[0].weight, three.encoder[0].weight)
-    from safetensors.torch import save_file
-
-    save_file(three.state_dict(), str(tmp_path / "w.safetensors"))
-    again = TinyNet(num_classes=3)
-    load_weights(again, WeightsFile(str(tmp_path / "w.safetensors")))
-    assert torch.equal(again.head.weight, three.head.weight)
-    with pytest.raises(ValueError, match=r"model.weights_into: encoder, but srforge.models.unet.UNet has no attr"):
-        load_weights(UNet(base_channels=4, depth=2), WeightsFile(str(tmp_path / "w.safetensors"), into="encoder"))
-    with pytest.raises(ValueError, match=r"nope.pt does not exist"):
-        load_weights(two, WeightsFile(str(tmp_path / "nope.pt")))
-    with pytest.raises(ValueError, match=r"expected a .pt, .pth, .safetensors state-dict file, found '.bin'"):
-        load_weights(two, WeightsFile(str(tmp_path / "w.bin")))
-
-
-def test_a_missing_safetensors_package_is_named(tmp_path, monkeypatch):
-    from safetensors.torch import save_file
-
-    save_file(TinyNet().state_dict(), str(tmp_path / "w.safetensors"))
-    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
-    with pytest.raises(ImportError, match="needs the safetensors package.*pip install safetensors"):
-        load_weights(TinyNet(), WeightsFile(str(tmp_path / "w.safetensors")))
-
-
-def test_training_loads_model_weights_at_a_fresh_start(tmp_path, capsys):
-    torch.manual_seed(3)
-    source = TinyNet(width=6)
-    torch.save({**source.encoder.state_dict(), "fc.bias": torch.zeros(3)}, tmp_path / "enc.pt")
-    cfg = resolve(
-        _config(
-            tmp_path / "run", tmp_path, weights=str(tmp_path / "enc.pt"), weights_into="encoder", weights_strict=False
-        )
-    )
-    model, _ = build_model(cfg.model, torch.device("cpu"), channels_last=False)
-    assert capsys.readouterr().out == (
-        f"srforge: loaded {tmp_path / 'enc.pt'} into encoder: 6 tensors, 0 missing, 1 unexpected: ['fc.bias']\n"
-    )
-    assert torch.equal(model.encoder[0].weight, source.encoder[0].weight)
-    untouched, _ = build_model(cfg.model, torch.device("cpu"), channels_last=False, load_weights=False)
-    assert capsys.readouterr().out == "" and not torch.equal(untouched.encoder[0].weight, source.encoder[0].weight)
-
-
-# -- config ----------------------------------------------------------------------------------------------------
+# -- config ---------------------------------------------------------------------------------------------------------
 def test_every_path_of_srforges_unet_names_the_unet():
     from srforge.constants import UNET_CLASSES
     from srforge.models import create as build
@@ -388,29 +290,13 @@ def test_config_keys_of_the_model_section(tmp_path):
     with pytest.raises(ConfigError, match="model.class: expected 'module.path:ClassName'"):
         resolve({"model": {"class": "TinyNet"}})
     with pytest.raises(ConfigError, match=r"model.depth=3: this key configures srforge's UNet only.*model.args"):
-        resolve({"model": {"class": "test_any_model:TinyNet", "depth": 3}})
-    cfg = resolve({"model": {"class": "test_any_model:TinyNet", "args": {"num_classes": 3}}})
+        resolve({"model": {"class": "test_model_create:TinyNet", "depth": 3}})
+    cfg = resolve({"model": {"class": "test_model_create:TinyNet", "args": {"num_classes": 3}}})
     with pytest.raises(ConfigError, match=r"model.args.num_classes: .*set model.num_classes=3 instead"):
         build_model(cfg.model, torch.device("cpu"), channels_last=False)
 
 
-def test_a_resumed_run_keeps_its_model_class_norm_and_arguments(runs):
-    ckpt = load_checkpoint(runs / "straight" / "last.pt")
-    same = resolve(_config(runs / "x", runs / "data"))
-    assert resume_checkpoint(runs / "straight", same.model, ckpt) is ckpt
-    for model, expected in [
-        ({"class": "srforge.models.unet:UNet", "args": {}}, "model.class='srforge.models.unet:UNet'"),
-        ({"args": {"width": 7}}, "model.args.width=7 (the checkpoint has 6)"),
-        ({"num_classes": 3, "class_names": None}, "model.num_classes=3 (the checkpoint has 2)"),
-        ({"args": {}}, "model.args.width=nothing (the checkpoint has 6)"),
-    ]:
-        cfg = _config(runs / "x", runs / "data")
-        cfg["model"].update(model)
-        with pytest.raises(ConfigError, match=f"asks for {expected.replace('(', '.').replace(')', '.')}"):
-            resume_checkpoint(runs / "straight", resolve(cfg).model, ckpt)
-
-
-# -- srforge's UNet, unchanged ------------------------------------------------------------------------------------
+# -- srforge's UNet, unchanged --------------------------------------------------------------------------------------
 def test_a_checkpoint_written_before_model_class_still_predicts(tmp_path):
     torch.manual_seed(4)
     unet = UNet(base_channels=4, depth=2)
@@ -444,19 +330,3 @@ def test_the_default_model_is_srforge_unet_with_its_keys():
         "max_channels": 512,
         "padding_aware": True,
     }
-
-
-# -- check_data --------------------------------------------------------------------------------------------------
-def test_check_data_takes_the_divisor_from_the_configured_model(tmp_path, monkeypatch):
-    from srforge.data import layout_plot
-
-    root = scan_folder(tmp_path / "data", n=4)
-    seen = []
-    real = layout_plot.batch_layout
-    monkeypatch.setattr(layout_plot, "batch_layout", lambda *a, **k: seen.append(k) or real(*a, **k))
-    config = _config_file(tmp_path / "cfg", tmp_path / "run", root)
-    out = tmp_path / "layout.png"
-    assert main_check_data([str(root), "--config", str(config), "--plot", str(out)]) == 0
-    assert seen[-1]["divisor"] == 4 and seen[-1]["batch_size"] == 3 and out.is_file()
-    assert main_check_data([str(root), "--config", str(config), "--plot", str(out), "--divisor", "8"]) == 0
-    assert seen[-1]["divisor"] == 8

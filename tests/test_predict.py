@@ -116,6 +116,7 @@ def read_mask(path: Path) -> torch.Tensor:
         return torch.from_numpy(np.asarray(image).astype(np.int64))
 
 
+@pytest.mark.slow
 def test_script_on_folder_zip_and_tar_equals_predict_scan_by_scan(tmp_path, ckpt, predictor):
     members = scans(14)
     inputs = {
@@ -266,6 +267,7 @@ def test_rerun_skips_complete_scans_and_redoes_broken_ones(tmp_path, ckpt):
     assert {r["status"] for r in json.loads((tmp_path / "out" / "report.json").read_text())["scans"]} == {"ok"}
 
 
+@pytest.mark.slow
 def test_kill_then_rerun_completes_the_set(tmp_path, ckpt):
     members = scans(150, h=60, w=200)
     path = write_tar(tmp_path / "many.tar.gz", members)

@@ -6,23 +6,28 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from predict_fixtures import (  # noqa: F401  (one_thread: a fixture)
     members,
     one_thread,
     output_files,
+    png,
     random_checkpoint,
     scan,
     write_folder,
     write_tar,
     write_zip,
 )
+from test_predictor import counting_forward
 
 from srforge.cli import main_predict
 from srforge.data.archive import ScanArchive
+from srforge.predict import background
 from srforge.predict.pipeline import predict_archive
 from srforge.predict.predictor import CPU_BATCH_PIXELS, Predictor, batch_cap, batch_pixels
 from srforge.predict.sharding import split_by_pixels
@@ -188,6 +193,7 @@ def torchrun(n: int, ckpt, source, out, *extra, popen=False):
     return subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_two_processes_under_torchrun_give_the_masks_of_one_and_one_report(tmp_path, ckpt):
     files = {**members(12), "bad.png": b"junk"}
     source = write_zip(tmp_path / "s.zip", files)
@@ -202,6 +208,7 @@ def test_two_processes_under_torchrun_give_the_masks_of_one_and_one_report(tmp_p
     assert not list((tmp_path / "two" / ".partial").glob("*"))
 
 
+@pytest.mark.slow
 def test_rerun_with_another_world_size_after_a_kill_completes_the_set(tmp_path, ckpt):
     files = members(120, h=40, w=120)
     source = write_tar(tmp_path / "many.tar.gz", files)
@@ -221,3 +228,48 @@ def test_rerun_with_another_world_size_after_a_kill_completes_the_set(tmp_path, 
     assert summary["processes"] == 3
     assert predict(ckpt, source, tmp_path / "fresh", "--workers", "0") == 0
     assert output_files(out) == output_files(tmp_path / "fresh")
+
+
+# -- many tiny scans ------------------------------------------------------------------------------------------------
+SCANS = 60  # tiny scans (9-15 x 15-55 px): under a model call each before, in one or two batches now
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_tiny_scans_share_model_calls_and_decoding_tasks(tmp_path, ckpt, monkeypatch, workers):
+    archive = ScanArchive(write_zip(tmp_path / "tiny.zip", members(SCANS)))
+    predictor = Predictor.from_checkpoint(ckpt, device="cpu")
+    calls = counting_forward(predictor)
+    tasks = []
+    submit = ProcessPoolExecutor.submit
+
+    def counted(pool, fn, *args, **kwargs):
+        if fn is background._decode:
+            tasks.append(len(args[0]))
+        return submit(pool, fn, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", counted)
+    summary = predict_archive(predictor, archive, tmp_path / "out", progress=False, workers=workers)
+    assert summary["ok"] == SCANS
+    assert sum(n for n, _ in calls) == SCANS and len(calls) <= 3  # was one model call a scan
+    if workers:
+        assert sum(tasks) == SCANS and len(tasks) <= 3  # was one decoding task a scan
+    masks = sorted((tmp_path / "out" / "masks").rglob("*.png"))
+    assert len(masks) == SCANS and not list((tmp_path / "out").rglob("*.srforge-tmp"))
+
+
+def test_decoding_tasks_hold_runs_of_small_scans_and_a_big_scan_alone():
+    sizes = {0: (10, 10), 1: (10, 10), 2: (1000, 1000), 3: (10, 10), 4: (200, 200), 5: (200, 200)}
+    assert background.decode_chunks(list(sizes), sizes) == [[0, 1], [2], [3, 4], [5]]
+
+
+def test_a_worker_decoding_a_run_reports_each_scan_on_its_own(tmp_path, ckpt):
+    files = {
+        "a.png": png(np.zeros((9, 9, 3), np.uint8)),
+        "b.png": b"\x89PNG\r\n\x1a\n broken",
+        "c.png": png(np.ones((5, 7, 3), np.uint8)),
+    }
+    archive = ScanArchive(write_zip(tmp_path / "mixed.zip", files))
+    summary = predict_archive(
+        Predictor.from_checkpoint(ckpt, device="cpu"), archive, tmp_path / "out", progress=False, workers=1
+    )
+    assert (summary["ok"], summary["failed"]) == (2, 1)

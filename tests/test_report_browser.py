@@ -27,7 +27,7 @@ FLAGS = [
     "--disable-sync",
     "--allow-file-access-from-files",
 ]
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def chromium() -> str | None:
@@ -124,6 +124,7 @@ def report(tmp_path_factory) -> Path:
     return root / "out" / "report.html"
 
 
+@pytest.mark.slow
 def test_the_report_in_a_browser_counts_sorts_and_shows_every_picture(report, tmp_path):
     executable = chromium()
     if executable is None:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
 from predict_fixtures import random_checkpoint
 
@@ -26,6 +27,7 @@ print(steps)
 """
 
 
+@pytest.mark.slow
 def test_torchvision_is_imported_for_a_jpeg_not_for_the_commands_or_pngs(tmp_path):
     ckpt = random_checkpoint(tmp_path / "m.pt")
     (tmp_path / "in").mkdir()

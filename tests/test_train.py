@@ -1,8 +1,9 @@
-"""Training: the script end to end, a custom Dataset, exact resume, torchrun, config errors, faults."""
+"""srforge.train: ``train(cfg)`` on a user's Dataset (TinyStrips and tiny_config, which the other training
+tests use too), what a run records, a non-finite loss, two processes under torchrun, compile inside DDP,
+activation checkpointing from the config, the warnings about the model's padding and the rescaling."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,9 +14,11 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from srforge.config import resolve
-from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint
+from srforge.config import ConfigError, resolve
+from srforge.models import UNet
+from srforge.runtime.checkpoint import load_checkpoint
 from srforge.train import NonFiniteLossError, train
+from srforge.train.from_config import set_checkpointing
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
@@ -72,68 +75,6 @@ def test_custom_dataset_in_one_line_trains_and_caches_sizes(tmp_path):
     assert ckpt["class_names"] == ["paper", "ink"] and ckpt["size_divisor"] == 4 and ckpt["epoch"] == 2
 
 
-def assert_same_end(straight: Path, resumed: Path, epochs: int = 4) -> dict:
-    """Both runs' last.pt at epoch ``epochs`` and the same step, with bit-identical weights; the first's content."""
-    a, b = load_checkpoint(straight / "last.pt"), load_checkpoint(resumed / "last.pt")
-    assert a["epoch"] == b["epoch"] == epochs and a["step"] == b["step"]
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
-    return a
-
-
-def test_exact_resume_gives_bit_identical_weights(tmp_path):
-    train(tiny_config(tmp_path / "straight"))
-    train(tiny_config(tmp_path / "stopped", stop_after=2))
-    assert load_checkpoint(tmp_path / "stopped" / "last.pt")["epoch"] == 2
-    train(tiny_config(tmp_path / "stopped"), resume=tmp_path / "stopped")
-    a = assert_same_end(tmp_path / "straight", tmp_path / "stopped")
-    # ... and the test can fail: another seed gives other weights.
-    train(
-        resolve(
-            {**tiny_config(tmp_path / "other"), "run": {"dir": str(tmp_path / "other"), "seed": 4, "device": "auto"}}
-        )
-    )
-    c = load_checkpoint(tmp_path / "other" / "last.pt")
-    assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
-
-
-def test_resume_after_an_interrupt_mid_epoch_is_exact_too(tmp_path, monkeypatch):
-    import srforge.train.assemble as trainer
-
-    train(tiny_config(tmp_path / "straight"))
-    real_loss, calls = trainer.segmentation_loss, []
-
-    def interrupt_in_epoch_two(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 6:  # 3 training batches and 1 validation batch an epoch: epoch 2, second batch
-            raise KeyboardInterrupt
-        return real_loss(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "segmentation_loss", interrupt_in_epoch_two)
-    with pytest.raises(KeyboardInterrupt):
-        train(tiny_config(tmp_path / "cut"))
-    monkeypatch.setattr(trainer, "segmentation_loss", real_loss)
-    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
-    assert (saved["epoch"], saved["batches_done"], saved["step"]) == (1, 1, 4)
-    train(tiny_config(tmp_path / "cut"), resume=tmp_path / "cut")
-    a = load_checkpoint(tmp_path / "straight" / "last.pt")["model"]
-    b = load_checkpoint(tmp_path / "cut" / "last.pt")["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_exact_resume_with_rescaled_scans_is_bit_identical_too(tmp_path):
-    """data.augment.scale: factors per (seed, epoch, sample) and batches by each epoch's sizes resume exactly."""
-
-    def rescaled(run_dir, **options):
-        cfg = tiny_config(run_dir, **options)
-        return resolve({**cfg, "data": {**cfg["data"], "augment": {"hflip": 0.5, "scale": [0.7, 1.4]}}})
-
-    train(rescaled(tmp_path / "straight"))
-    train(rescaled(tmp_path / "stopped", stop_after=2))
-    train(rescaled(tmp_path / "stopped"), resume=tmp_path / "stopped")
-    assert_same_end(tmp_path / "straight", tmp_path / "stopped")
-
-
 def test_non_finite_loss_names_the_step_and_samples(tmp_path):
     cfg = tiny_config(tmp_path / "nan", epochs=1)
     cfg["data"]["dataset"]["args"] = {"n": 10, "nan_at": 4, "float_images": True}
@@ -158,16 +99,6 @@ def test_metrics_csv_has_every_column_when_validation_is_not_every_epoch(tmp_pat
     assert ["val_mean_iou" in r for r in rows] == [False, True, True]  # epoch 2, and the last epoch
 
 
-def test_mask_values_beyond_num_classes_name_the_sample(tmp_path):
-    cfg = tiny_config(tmp_path / "run", epochs=1)
-    cfg["model"]["num_classes"] = 1
-    cfg["model"]["class_names"] = None
-    with pytest.raises(
-        ValueError, match=r"TinyStrips\[\d+\] \('strip_\d+'\): mask values \[1\] are not classes of model.num_classes=1"
-    ):
-        train(cfg)
-
-
 def _overrides(tmp_path, epochs=4):
     data = tmp_path / "scans"
     return [
@@ -184,75 +115,6 @@ def _overrides(tmp_path, epochs=4):
     ]
 
 
-def test_train_script_end_to_end(tmp_path):
-    done = subprocess.run(
-        [*TRAIN, "--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    run = tmp_path / "run"
-    assert (tmp_path / "scans" / "images").is_dir()  # generated when missing
-    assert "epochs: 4" in (run / "config.yaml").read_text()
-    rows = (run / "metrics.csv").read_text().splitlines()
-    header, values = rows[0].split(","), [dict(zip(rows[0].split(","), r.split(","))) for r in rows[1:]]
-    assert len(values) == 4 and "val_mean_iou" in header
-    assert float(values[-1]["train_loss"]) < float(values[0]["train_loss"])
-    for name in ("last.pt", "best.pt"):
-        ckpt = load_checkpoint(run / name)
-        model = model_from_checkpoint(ckpt)
-        assert model.size_divisor == 8 and ckpt["class_names"] == ["background", "curve"]
-        assert ckpt["config"]["train"]["epochs"] == 4
-    assert "best validation mean IoU" in done.stdout
-
-
-def test_config_errors_from_the_command_line(tmp_path):
-    def run(*args):
-        return subprocess.run([*TRAIN, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
-
-    unknown = run("--config", "configs/quickstart.yaml", "train.epoch=3")
-    assert unknown.returncode == 2 and "Did you mean 'train.epochs'" in unknown.stderr
-    wrong = run("--config", "configs/quickstart.yaml", "train.epochs=many")
-    assert wrong.returncode == 2 and "train.epochs: expected int, found str 'many'" in wrong.stderr
-    missing = run("--config", str(tmp_path / "missing.yaml"))
-    assert missing.returncode == 2 and f"Config file not found: {tmp_path / 'missing.yaml'}" in missing.stderr
-
-
-def test_ctrl_c_writes_last_pt_and_the_run_resumes(tmp_path):
-    args = [*TRAIN, "--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path, epochs=50)]
-    # A shell that starts jobs in the background makes them ignore SIGINT, and Python then installs no
-    # KeyboardInterrupt handler: give the child the default disposition, as a terminal would.
-    proc = subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.time() + 240
-    while not metrics.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-2000:]
-    assert "interrupted; wrote" in out
-    ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
-    assert ckpt["epoch"] >= 1
-    resumed = subprocess.run(
-        [*TRAIN, "--resume", str(tmp_path / "run"), "train.stop_after=1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert load_checkpoint(tmp_path / "run" / "last.pt")["epoch"] == ckpt["epoch"] + 1
-
-
 def torchrun_two(script, *args: str, cwd, **env: str) -> subprocess.CompletedProcess:
     """``script args`` in 2 processes under torchrun (gloo on the CPU), one thread each, srforge importable."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
@@ -260,6 +122,7 @@ def torchrun_two(script, *args: str, cwd, **env: str) -> subprocess.CompletedPro
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
 
 
+@pytest.mark.slow
 def test_two_processes_with_torchrun_gloo(tmp_path):
     done = torchrun_two(
         ROOT / "scripts" / "train.py",
@@ -300,6 +163,7 @@ sys.exit(main_train())
 """
 
 
+@pytest.mark.slow
 def test_ddp_survives_data_generation_longer_than_the_collective_timeout(tmp_path):
     """Rank 0 generates for 8 s under a 5 s train.dist_timeout_s: generation happens before the group starts,
     the other rank polls the folder, so no collective waits on it (a barrier after init would time out)."""
@@ -325,71 +189,7 @@ def test_ddp_survives_data_generation_longer_than_the_collective_timeout(tmp_pat
     assert load_checkpoint(tmp_path / "run" / "last.pt")["config"]["train"]["dist_timeout_s"] == 5
 
 
-def test_resume_gives_the_current_device_its_cuda_rng_state(tmp_path, monkeypatch):
-    """A checkpoint holds the CUDA RNG state of its process's device; a resume gives it to the current device.
-
-    No GPU here: torch.cuda's RNG calls are replaced by recorders, and torch.cuda.is_available answers True to the
-    RNG module alone (the optimizer asks too, and would then look for a driver), so that the trainer takes its
-    CUDA RNG path while training on the CPU (run.device=cpu). tests/test_cuda.py resumes such a checkpoint on a GPU.
-    """
-    run = tmp_path / "run"
-    train(tiny_config(run, epochs=2, stop_after=1))
-    ckpt = load_checkpoint(run / "last.pt")
-    assert "cuda" not in ckpt["rng"]  # saved without CUDA
-    states = [torch.full((16,), i, dtype=torch.uint8) for i in range(4)]
-    ckpt["rng"]["cuda"] = states[0]
-    torch.save(ckpt, run / "last.pt")
-
-    restored, device = [], {"index": 0}
-    monkeypatch.setattr(
-        torch.cuda, "is_available", lambda: sys._getframe(1).f_code.co_filename.endswith("srforge/train/rng.py")
-    )
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a run on the GPU has its context open
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: device["index"])
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state))
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[device_index()])
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", None)  # the old call must not be made
-    monkeypatch.setattr(torch.cuda, "get_rng_state_all", None)
-
-    def device_index():
-        return device["index"]
-
-    cfg = tiny_config(run, epochs=2)
-    cfg["run"]["device"] = "cpu"
-    summary = train(cfg, resume=run)
-    assert summary["epoch"] == 2 and len(restored) == 1 and torch.equal(restored[0], states[0])
-    saved = load_checkpoint(run / "last.pt")["rng"]["cuda"]
-    assert isinstance(saved, torch.Tensor) and torch.equal(saved, states[0])  # the current device's state only
-
-
-def test_train_and_validation_loss_are_the_same_quantity_on_the_same_batch(tmp_path):
-    """The training pass's loss (taken before the step) equals validation's on the same batch and weights, Dice
-    included."""
-    from helpers import run_pass, stepping_trainer
-    from torch.utils.data import DataLoader
-
-    from srforge.data.collate import AlignedCollate
-    from srforge.data.field_view import FieldView
-
-    fields = {"image": "scan", "mask": "labels", "name": "id"}
-    view = FieldView(TinyStrips(n=3), fields, num_classes=2)
-    loader = DataLoader(view, batch_size=3, collate_fn=AlignedCollate(4, pad={"image": 0, "mask": 255}))
-
-    def losses(dice):
-        trainer = stepping_trainer(tmp_path / f"run{dice}", "test_train:TinyStrips", fields=fields, dice_weight=dice)
-        trainer.val_loader = loader
-        val = trainer.validate(trainer.model)["loss"]
-        trainer.start_pass()
-        run_pass(trainer, loader)
-        return float(trainer.totals[0] / trainer.totals[1]), val
-
-    train_loss, val_loss = losses(0.5)
-    assert abs(train_loss - val_loss) < 1e-6
-    # ... and the comparison can fail: without the Dice term the same weights' loss differs.
-    assert abs(losses(0.0)[1] - train_loss) > 1e-3
-
-
+@pytest.mark.slow
 def test_compile_goes_inside_ddp_and_matches_eager_gradients(tmp_path, monkeypatch):
     """wrap_for_training compiles the UNet in place, then DDP wraps it (DDP's hooks stay outside the graph), with
     no buffer sync per forward. Run in a one-process gloo group through the aot_eager backend (Dynamo and AOT autograd
@@ -397,7 +197,6 @@ def test_compile_goes_inside_ddp_and_matches_eager_gradients(tmp_path, monkeypat
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from srforge.models import UNet
     from srforge.train.from_config import wrap_for_training
 
     real_compile = torch.nn.Module.compile
@@ -421,3 +220,35 @@ def test_compile_goes_inside_ddp_and_matches_eager_gradients(tmp_path, monkeypat
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()
+
+
+def test_image_mode_is_recorded_in_the_checkpoint(tmp_path):
+    train(tiny_config(tmp_path / "rgb", epochs=1))
+    assert load_checkpoint(tmp_path / "rgb" / "last.pt")["image_mode"] == "RGB"  # TinyStrips has no image_mode
+    cfg = tiny_config(tmp_path / "gray", epochs=1)
+    cfg["data"]["dataset"]["class"] = "test_train:GrayStrips"
+    train(cfg)
+    assert load_checkpoint(tmp_path / "gray" / "last.pt")["image_mode"] == "L"
+
+
+class GrayStrips(TinyStrips):
+    image_mode = "L"  # what the images were decoded in, as SegmentationFolder(image_mode=...) records it
+
+
+def test_model_checkpointing_in_a_config_trains_and_a_model_without_it_is_refused(tmp_path, capsys):
+    cfg = tiny_config(tmp_path / "ck", epochs=1)
+    cfg["model"]["checkpointing"] = True
+    assert train(cfg)["epoch"] == 1
+    assert "in fp32, checkpointing" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="model.checkpointing: Conv2d has no checkpointing attribute"):
+        set_checkpointing(torch.nn.Conv2d(3, 2, 1), True)
+
+
+def test_deep_padding_and_tiny_rescaling_are_warned_about(tmp_path, capsys):
+    cfg = tiny_config(tmp_path / "deep", epochs=1)
+    cfg["model"]["depth"] = 4  # divisor 16 on scans of 12-16 x 20-83 px
+    cfg["data"]["augment"] = {"scale": [0.1, 0.2]}
+    train(resolve(cfg))
+    out = capsys.readouterr().out
+    assert "warning: the model's size divisor 16 pads the training scans to" in out
+    assert "warning: data.augment.scale=[0.1, 0.2] shrinks every training scan to at most 3 px" in out

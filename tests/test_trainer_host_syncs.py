@@ -58,13 +58,18 @@ def _cfg(run_dir, **train):
     return resolve(
         {
             "run": {"dir": str(run_dir), "seed": 0, "device": "cpu"},
-            "data": {"dataset": {"class": "test_host_syncs:Strips"}, "batch_size": 1, "augment": {"hflip": 0.5}},
+            "data": {
+                "dataset": {"class": "test_trainer_host_syncs:Strips"},
+                "batch_size": 1,
+                "augment": {"hflip": 0.5},
+            },
             "model": {"base_channels": 4, "depth": 2},
             "train": {"epochs": 1, "dice_weight": 1.0, **train},
         }
     )
 
 
+@pytest.mark.slow
 def test_at_most_one_device_read_per_training_step(tmp_path):
     with DeviceReads() as reads:
         summary = train(_cfg(tmp_path / "run"))

@@ -1,4 +1,5 @@
-"""UNet: shapes, input checks, normalisation, and batch independence of the padding-aware mode."""
+"""UNet: shapes, input checks, the depth bound, normalisation, batch independence of the padding-aware mode,
+and activation checkpointing (the plain step's gradients, under compile too)."""
 
 import os
 
@@ -9,7 +10,9 @@ from torch import nn
 
 import srforge.models.unet as unet_module
 from srforge import AlignedCollate
+from srforge.constants import MAX_DEPTH
 from srforge.models import UNet
+from srforge.train.losses import segmentation_loss
 
 
 def pad_batch(images: list[torch.Tensor], divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,6 +207,7 @@ def _compiled_matches_eager(backend: str) -> None:
             torch.testing.assert_close(compiled(x, sizes), model(x, sizes), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_torch_compile_traces_one_graph_for_varying_sizes():
     _compiled_matches_eager("aot_eager")  # dynamo + autograd tracing, without inductor's C++ build (~7 s)
 
@@ -226,6 +230,7 @@ def _step_under_autocast(model, compiled, image, sizes, dtype):
     return logits, {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, None], ids=["bf16", "fp16", "fp32"])
 def test_compiled_training_step_under_autocast_matches_eager(dtype):
     """torch.compile with grad enabled and autocast on: the masked norm must not switch autocast off for the
@@ -242,3 +247,57 @@ def test_compiled_training_step_under_autocast_matches_eager(dtype):
     assert (got.float() - expected.float()).abs().max() <= tolerance * expected.float().abs().max()
     for name, grad in expected_grads.items():
         assert (got_grads[name] - grad).abs().max() <= tolerance * grad.abs().max(), name
+
+
+def test_unet_refuses_a_depth_beyond_the_bound_before_allocating():
+    for depth in (0, MAX_DEPTH + 1, 30):
+        with pytest.raises(ValueError, match=rf"UNet depth must be 1 to {MAX_DEPTH} .*got {depth}"):
+            UNet(depth=depth)
+    assert UNet(base_channels=1, max_channels=1, depth=MAX_DEPTH).size_divisor == 2**MAX_DEPTH
+
+
+# -- activation checkpointing ---------------------------------------------------------------------------------------
+def _padded_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    image = torch.randint(0, 256, (3, 3, 64, 96), dtype=torch.uint8, generator=g)
+    mask = torch.randint(0, 3, (3, 64, 96), generator=g)
+    sizes = torch.tensor([[64, 96], [50, 70], [33, 90]])
+    for i, (h, w) in enumerate(sizes.tolist()):
+        mask[i, h:], mask[i, :, w:] = 255, 255
+    return image, mask, sizes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_checkpointing_gives_the_plain_steps_gradients(channels_last):
+
+    image, mask, sizes = _padded_batch()
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = UNet(num_classes=3, base_channels=8, depth=4, checkpointing=checkpointing)
+        x = image
+        if channels_last:
+            model, x = model.to(memory_format=torch.channels_last), image.contiguous(memory_format=torch.channels_last)
+        segmentation_loss(model(x, sizes), mask, 255, dice_weight=0.5).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    worst = max((grads[0][n] - grads[1][n]).abs().max().item() for n in grads[0])
+    assert worst <= 1e-6, worst
+
+
+@pytest.mark.slow
+def test_checkpointing_composes_with_compile():
+    """torch.compile (AOT autograd through the aot_eager backend: no C++ compiler) traces the non-reentrant
+    checkpoints; gradients equal the eager model's."""
+    torch.manual_seed(0)
+    eager = UNet(base_channels=4, depth=2, checkpointing=True)
+    model = UNet(base_channels=4, depth=2, checkpointing=True)
+    model.load_state_dict(eager.state_dict())
+    model.compile(backend="aot_eager", dynamic=True)
+    image, sizes = torch.randint(0, 256, (2, 3, 16, 24), dtype=torch.uint8), torch.tensor([[16, 24], [11, 17]])
+    try:
+        for module in (model, eager):
+            module(image, sizes).float().square().mean().backward()
+    finally:
+        torch._dynamo.reset()
+    assert max((a.grad - b.grad).abs().max().item() for a, b in zip(model.parameters(), eager.parameters())) <= 1e-6
