@@ -1,15 +1,17 @@
 """Atomic file writes: a reader, or a run killed at any moment, sees the old file or the new one, never half.
 
 Every file srforge writes (checkpoints, masks, reports, caches, configs, synthetic scans) goes through
-:func:`atomic_write`: the data is written to a hidden temporary file beside the target, then renamed over it
-(``os.replace`` is atomic within a folder). Temporary names end in ``TEMP_SUFFIX`` so that a rerun can sweep
-up what a killed run left behind.
+:func:`atomic_write`: the data is written to a hidden temporary file beside the target, created exclusively under a
+random name (never a file or link already there: a shared folder cannot make srforge write elsewhere), then renamed
+over it (``os.replace`` is atomic within a folder). Temporary names end in ``TEMP_SUFFIX`` so that a rerun can
+sweep up what a killed run left behind.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -64,28 +66,53 @@ def disk_full_names(path) -> Iterator[None]:
         raise converted from None
 
 
+# The longest file name most file systems take, in bytes.
+NAME_MAX = 255
+
+
+def exclusive_temporary(target: Path) -> tuple[Path, IO[bytes]]:
+    """(path, binary file) of a new temporary file beside ``target``, created exclusively: ``O_CREAT | O_EXCL``
+    never opens a file or a link someone planted at the name (``O_NOFOLLOW`` too), and the name has a random part.
+    It is hidden, names its target where that fits (``.best.pt.<random>.srforge-tmp``), and is short otherwise
+    (``.<random>.srforge-tmp``), so a target's name near the file system's limit still gets a temporary file."""
+    extra = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(16):
+        token = secrets.token_hex(6)
+        name = f".{target.name}.{token}{TEMP_SUFFIX}"
+        tmp = target.with_name(name if len(os.fsencode(name)) <= NAME_MAX else f".{token}{TEMP_SUFFIX}")
+        try:  # "x": O_CREAT | O_EXCL, which fails on anything at the name, a link included
+            return tmp, open(tmp, "xb", opener=lambda name, flags: os.open(name, flags | extra, 0o666))
+        except FileExistsError:
+            continue  # taken (or planted): draw another name
+    raise FileExistsError(errno.EEXIST, f"no free temporary name beside {target} after 16 tries", str(target))
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], fsync: bool = False) -> Path:
-    """Call ``write(file)`` on a temporary binary file beside ``path``, then rename it to ``path``.
+    """Call ``write(file)`` on a temporary binary file beside ``path`` (:func:`exclusive_temporary`), then rename it
+    to ``path``.
 
     ``fsync=True`` also flushes the bytes to the disk before the rename, for files whose loss on a power cut
     would cost more than a rerun (checkpoints). On any error the temporary file is removed and the old
     ``path`` is left as it was; the error raised is always the one that stopped the write: where the removal
     fails too (a read-only file system refuses even the removal of a file that is not there), its OSError is
-    dropped, and a temporary file it left is swept by :func:`remove_stale_temporaries`.
+    dropped, and a temporary file it left is swept by :func:`remove_stale_temporaries`. The rename replaces
+    whatever is at ``path`` (a link there included) and never writes through it.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}{TEMP_SUFFIX}")
+    tmp = None
     try:
-        with open(tmp, "wb") as f:
+        tmp, f = exclusive_temporary(path)
+        with f:
             write(f)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            with suppress(OSError):
+                tmp.unlink(missing_ok=True)
         raise
     return path
 

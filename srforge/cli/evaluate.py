@@ -10,6 +10,7 @@ from pathlib import Path
 from srforge.cli.errors import RUN_FAILED, fail
 from srforge.cli.predict import add_model_options, int_at_least, open_predictor
 from srforge.constants import IGNORE_INDEX
+from srforge.limits import class_names_problem
 
 PROG = "srforge-evaluate"
 
@@ -117,7 +118,11 @@ def _checkpoint_models(args, out: Path):
 
 def _class_names(args, folder: Path) -> list[str]:
     if args.classes:
-        return [name.strip() for name in args.classes.split(",")]
+        names = [name.strip() for name in args.classes.split(",")]
+        problem = class_names_problem(names)
+        if problem:
+            raise ValueError(f"--classes {args.classes!r}: {problem} (as training requires of model.class_names)")
+        return names
     try:
         classes = json.loads((folder / "report.json").read_text())["summary"]["classes"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -145,9 +150,22 @@ def _prediction_models(args, out: Path):
         mark = _report_model(folder)
         models.append({"name": name, "source": str(folder), "fingerprint": mark, "predictions": predictions})
     device = resolve_device(rank_device(args.device))
-    ignore = IGNORE_INDEX if args.ignore_index is None else args.ignore_index
-    scorer = Scorer(_class_names(args, folders[0]), ignore, args.tolerance, device, args.max_pixels)
+    names = _class_names(args, folders[0])
+    ignore = _ignore_index(args.ignore_index, len(names))
+    scorer = Scorer(names, ignore, args.tolerance, device, args.max_pixels)
     return truths, models, scorer
+
+
+def _ignore_index(given: int | None, classes: int) -> int:
+    """``--ignore-index`` checked as training checks data.ignore_index: a mask value (0-255) that is no class id."""
+    if given is None:
+        return IGNORE_INDEX
+    if not classes <= given <= 255:
+        raise ValueError(
+            f"--ignore-index {given}: expected a mask value from {classes} to 255 that is no class id (the classes are "
+            f"0 to {classes - 1}); the default is {IGNORE_INDEX}"
+        )
+    return given
 
 
 def _report_model(folder: Path) -> str | None:

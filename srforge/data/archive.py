@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 import torch
 from PIL import Image, ImageMode
 
-from srforge.data.cache import DecodedCache, cached_image
+from srforge.data.cache import DecodedCache, cached_image, file_stamp
 from srforge.data.images import SUFFIXES, DataError, open_image, read_image, read_size
 from srforge.data.naming import is_hidden, posix_name, scan_stem
 
@@ -330,10 +330,9 @@ class ScanArchive:
             return cached_image(self.cache, self._keys[i], mode)
         if self.cache is None:
             return self.decode_member(i, mode, data)
-        stat = self.path.stat()
         source = [str(self.path.absolute()), self.names[i]]
         decode = functools.partial(self.decode_member, i, mode, data)
-        return self.cache.read(source, [stat.st_size, stat.st_mtime_ns], f"image:{mode}", decode)
+        return self.cache.read(source, file_stamp(self.path.stat()), f"image:{mode}", decode)
 
     def decode_member(self, i: int, mode: str = "RGB", data: bytes | DataError | None = None) -> torch.Tensor:
         """Member i (of a zip or tar) decoded, not through the cache; ``data`` are its bytes when already read."""

@@ -16,12 +16,14 @@ so that a hit costs the collate one straight copy into its batch slot: copying a
 into a [C, H, W] slot is a transpose, about 7x slower than the straight copy on a full-size scan.
 
 An entry serves a read only when the key in its trailer is the one asked for: the source (absolute path, or archive
-and member), its byte size and modification time, the decoding (``image:RGB``, ``mask``), the image layout,
-:data:`DECODE_VERSION` and PIL's version. Anything else -- a changed file, another mode, an entry cut short, a
-damaged header or trailer -- is decoded again and its entry written anew (its name depends on the source, decoding
-and layout only, so a changed file replaces its entry). Rescaling, cropping and augmentation are per epoch and never
-cached. The pixels themselves carry no checksum: entries are written whole or not at all, so only damage from
-outside could change them.
+and member), its byte size, modification time, status change time and inode (:func:`file_stamp`: a file rewritten
+with its old size and modification time still changes the last two), the decoding (``image:RGB``, ``mask``), the
+image layout, :data:`DECODE_VERSION` and PIL's version. Anything else -- a changed file, another mode, an entry cut
+short, a damaged header or trailer, an entry whose (H, W) is not the one the file's header gives, an entry that is
+not a regular file (a link, a FIFO) -- is decoded again and its entry written anew (its name depends on the source,
+decoding and layout only, so a changed file replaces its entry). Rescaling, cropping and augmentation are per epoch
+and never cached. The pixels themselves carry no checksum: entries are written whole or not at all, so only damage
+from outside could change them.
 
 Every promise of decoding holds through the cache: a file that fails to decode is never cached, so it fails every
 time with the same DataError; the warnings its decoding gave (a multi-page TIFF, a JPEG mask) are kept in the trailer
@@ -42,6 +44,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import threading
 import time
 import uuid
@@ -55,7 +58,7 @@ import torch
 from PIL import Image
 
 from srforge.atomic import TEMP_SUFFIX, atomic_write, atomic_write_text, no_space
-from srforge.data.images import DataError, DataWarning, read_image, read_mask
+from srforge.data.images import DataError, DataWarning, read_image, read_mask, read_size
 
 MARKER = ".srforge-cache"
 DECODE_VERSION = 2  # raise when decoding changes what a file decodes to: every entry is then decoded again
@@ -126,8 +129,10 @@ class DecodedCache:
     """
 
     def __init__(self, root, max_gb: float | None = None, channels_last: bool = False):
-        if max_gb is not None and not max_gb > 0:
-            raise ValueError(f"data.cache_max_gb: expected a size in GB > 0 (or null for no budget), found {max_gb}")
+        if max_gb is not None and not (max_gb > 0 and math.isfinite(max_gb)):
+            raise ValueError(
+                f"data.cache_max_gb: expected a finite size in GB > 0 (or null for no budget), found {max_gb}"
+            )
         self.root = Path(root).absolute()
         self.max_bytes = None if max_gb is None else int(max_gb * 1e9)
         self.channels_last = bool(channels_last)
@@ -166,17 +171,23 @@ class DecodedCache:
         return self.read_file(path, "mask", lambda: read_mask(path))
 
     def read_file(self, path, decoding: str, decode: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """``decode()`` of the file ``path`` through the cache; a file that cannot be stat-ed is decoded (which
-        says why it cannot be read)."""
+        """``decode()`` of the file ``path`` through the cache; a file that cannot be stat-ed, or is not a regular
+        file, is decoded (which says why it cannot be read). An entry serves only a file whose header gives the
+        entry's (H, W)."""
         try:
-            stat = os.stat(path)
+            info = os.stat(path)
         except (OSError, TypeError, ValueError):
             return decode()
-        return self.read([os.path.abspath(path)], [stat.st_size, stat.st_mtime_ns], decoding, decode)
+        if not stat.S_ISREG(info.st_mode):
+            return decode()
+        return self.read([os.path.abspath(path)], file_stamp(info), decoding, decode, size=lambda: read_size(path))
 
-    def read(self, source: list, stamp: list, decoding: str, decode: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def read(
+        self, source: list, stamp: list, decoding: str, decode: Callable[[], torch.Tensor], size=None
+    ) -> torch.Tensor:
         """``decode()`` (an image [C, H, W] when ``decoding`` starts with ``image``, else a mask [H, W]) through
-        the cache: ``source`` names what is decoded (JSON-able), ``stamp`` changes when it changes."""
+        the cache: ``source`` names what is decoded (JSON-able), ``stamp`` changes when it changes; ``size``, when
+        given, returns the (H, W) the source's header says, which a served entry must have."""
         image = decoding.startswith("image")
         layout = ("hwc" if self.channels_last else "chw") if image else None
         name = hashlib.sha256(json.dumps([source, decoding, layout]).encode()).hexdigest()
@@ -190,6 +201,8 @@ class DecodedCache:
             "pil": PIL.__version__,
         }
         found = load_entry(entry, key)
+        if found is not None and size is not None and entry_size(found[0], layout) != _header_size(size):
+            found = None  # an entry of another shape than its file: decoded again, and the entry written anew
         if found is not None:
             pixels, said = found
             for message in said:
@@ -222,7 +235,7 @@ class DecodedCache:
             f.write(trailer)
 
         try:
-            with self.lock:  # threads of one process share the temporary name of an entry
+            with self.lock:  # one write at a time in a process: its count of the folder stays right
                 atomic_write(entry, write)
         except OSError as error:
             full = no_space(error) is not None
@@ -264,33 +277,70 @@ class DecodedCache:
         )
 
 
-def load_entry(entry: Path, key: dict) -> tuple[np.ndarray, list[str]] | None:
-    """(the entry's array mapped copy-on-write, the warnings its decoding gave) when ``entry`` is whole and its
-    trailer holds ``key``; None when it is missing, damaged, cut short, of another key, or over PIL's pixel limit."""
+def file_stamp(info: os.stat_result) -> list[int]:
+    """What changes whenever a file's content may have: byte size, modification time, and the status change time
+    and inode, which ``cp -p``, ``rsync -t``, ``tar x`` and an edit in place change even where they keep the size
+    and restore the modification time."""
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+
+
+def entry_size(pixels: np.ndarray, layout: str | None) -> tuple[int, int]:
+    """(H, W) of an entry's array: [C, H, W] (chw), [H, W, C] (hwc) or a mask [H, W]."""
+    shape = pixels.shape
+    return tuple(shape[1:3]) if layout == "chw" else tuple(shape[:2])
+
+
+def _header_size(size: Callable[[], tuple[int, int]]) -> tuple[int, int] | None:
     try:
-        with open(entry, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version not in ((1, 0), (2, 0)):
-                return None
-            read_header = (
-                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            )
-            shape, fortran, dtype = read_header(f)
-            offset = f.tell()
-            if fortran or dtype not in ENTRY_DTYPES or len(shape) not in (2, 3):
-                return None
-            f.seek(offset + math.prod(shape) * dtype.itemsize)
-            trailer = f.read(TRAILER_MAX)
-        stored = json.loads(trailer[len(TRAILER) : -1]) if trailer.startswith(TRAILER) and trailer[-1:] == b"\n" else {}
-        if not isinstance(stored, dict) or stored.get("key") != key:
+        return tuple(size())
+    except DataError:
+        return None  # a header that cannot be read: no entry serves it, and decoding says why
+
+
+def _open_regular(entry: Path):
+    """``entry`` opened for reading when it is a regular file (no link followed, and a FIFO or device neither
+    waited on nor read); None otherwise."""
+    fd = os.open(entry, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def load_entry(entry: Path, key: dict) -> tuple[np.ndarray, list[str]] | None:
+    """(the entry's array mapped copy-on-write, the warnings its decoding gave) when ``entry`` is a whole regular
+    file whose trailer holds ``key``; None when it is missing, not a regular file (a link, a FIFO), damaged, cut
+    short, of another key, or over PIL's pixel limit."""
+    try:
+        f = _open_regular(entry)
+        if f is None:
             return None
-        limit = Image.MAX_IMAGE_PIXELS
-        height, width = shape[1:] if key.get("layout") == "chw" else shape[:2]
-        if limit is not None and height * width > limit:
-            return None  # decoded again, so that PIL refuses it as a decompression bomb
-        pixels = np.memmap(entry, dtype=dtype, mode="c", offset=offset, shape=shape)
+        with f:
+            return _read_entry(f, key)
     except (OSError, ValueError, TypeError):  # missing, unreadable, a damaged header or trailer
         return None
+
+
+def _read_entry(f, key: dict) -> tuple[np.ndarray, list[str]] | None:
+    """:func:`load_entry` of the open file ``f``: the array is mapped from this file, not from its name."""
+    version = np.lib.format.read_magic(f)
+    if version not in ((1, 0), (2, 0)):
+        return None
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read_header(f)
+    offset = f.tell()
+    if fortran or dtype not in ENTRY_DTYPES or len(shape) not in (2, 3):
+        return None
+    f.seek(offset + math.prod(shape) * dtype.itemsize)
+    trailer = f.read(TRAILER_MAX)
+    stored = json.loads(trailer[len(TRAILER) : -1]) if trailer.startswith(TRAILER) and trailer[-1:] == b"\n" else {}
+    if not isinstance(stored, dict) or stored.get("key") != key:
+        return None
+    limit = Image.MAX_IMAGE_PIXELS
+    height, width = shape[1:] if key.get("layout") == "chw" else shape[:2]
+    if limit is not None and height * width > limit:
+        return None  # decoded again, so that PIL refuses it as a decompression bomb
+    pixels = np.memmap(f, dtype=dtype, mode="c", offset=offset, shape=shape)
     return pixels, [str(m) for m in stored.get("warnings", [])]
 
 

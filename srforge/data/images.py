@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import stat
 import warnings
 import zlib
 from pathlib import Path
@@ -140,6 +141,16 @@ def open_image(source, label=None) -> Image.Image:
     """Open lazily (header only) a path or binary file; every PIL failure becomes a DataError naming
     ``label`` (default: the path), e.g. ``archive.zip:scans/a.png`` for an archive member."""
     label = source if label is None else label
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            kind = os.stat(source).st_mode
+        except OSError:
+            kind = None  # PIL says what is wrong with it
+        if kind is not None and not stat.S_ISREG(kind):
+            raise DataError(
+                f"{label}: not a regular file (a folder, FIFO, socket or device); srforge reads images and masks "
+                "from regular files only: replace it with the image file"
+            )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

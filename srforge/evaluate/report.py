@@ -18,8 +18,10 @@ import html
 import io
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from srforge.atomic import atomic_write_text
 from srforge.evaluate.aggregate import json_safe
@@ -177,7 +179,10 @@ def worst_html(pictures: list[dict]) -> str:
     parts = [f'<p class="key">{key}</p>']
     for shot in pictures:
         caption = html.escape(printable(shot["caption"]))
-        link = html.escape(shot["file"])
+        if "note" in shot:
+            parts.append(f"<figure><figcaption>{caption}: {html.escape(printable(shot['note']))}</figcaption></figure>")
+            continue
+        link = html.escape(quote(os.fsencode(shot["file"]), safe="/"))  # the file's bytes, whatever they are
         parts.append(
             f'<figure><figcaption>{caption} &middot; <a class="full" href="{link}">full size</a></figcaption>'
             f'<img src="{shot["uri"]}" alt="{caption}"></figure>'

@@ -19,8 +19,10 @@ files is refused (OutputError), as are files of those names srforge-evaluate did
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -111,14 +113,37 @@ def draw_pictures(out_dir: Path, worst: list[dict], truths, models: list[dict], 
                 pred = model["predictions"].read(name)
                 if isinstance(truth, Exception) or isinstance(pred, Exception) or pred.shape != truth.shape:
                     continue
-                file = f"pictures/{rank:03d}-{name.replace('/', '__')}-{model['name']}.png"
+                file = picture_file(rank, name, model["name"])
                 figure = model["rows"][name]["figures"] if name in model["rows"] else {}
                 caption = (
                     f"{rank}. {name} ({model['name']}): {model['primary']} {figure.get(model['primary'], math.nan):.4f}"
                 )
                 job = (truth, pred, image, ignore_index, out_dir / file)
                 pending.append(({"caption": caption, "file": file}, pool.submit(_draw, *job)))
-        return [{**shot, "uri": png_data_uri(future.result())} for shot, future in pending]
+        return [_shown(shot, future) for shot, future in pending]
+
+
+# The longest picture file name in bytes: a file system's limit is 255, and a scan's name may come close to it.
+MAX_PICTURE_NAME = 200
+
+
+def picture_file(rank: int, name: str, model: str) -> str:
+    """``pictures/<rank>-<name>-<model>.png`` (a scan's folders joined by ``__``); a name too long for that is
+    replaced by its digest, so that no scan's name can keep its picture from being written."""
+    stem = f"{rank:03d}-{name.replace('/', '__')}-{model}"
+    if len(os.fsencode(stem)) + 4 > MAX_PICTURE_NAME:
+        digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+        stem = f"{rank:03d}-{digest}-{model}"
+    return f"pictures/{stem}.png"
+
+
+def _shown(shot: dict, future) -> dict:
+    """What the page shows of one picture: inline, or a note saying why it could not be written (the scores and
+    the other pictures are kept)."""
+    try:
+        return {**shot, "uri": png_data_uri(future.result())}
+    except OSError as error:
+        return {**shot, "note": f"the picture could not be written ({error.strerror or error})"}
 
 
 def _draw(truth, pred, image, ignore_index: int, path: Path) -> bytes:

@@ -34,6 +34,7 @@ import torch
 from tqdm import tqdm
 
 from srforge.config import ConfigError, import_object
+from srforge.limits import expanded_size, object_parts, object_weight
 from srforge.train.log import log_epoch, open_tensorboard
 from srforge.train.metrics import scores
 from srforge.train.stop import interrupts_held
@@ -42,6 +43,13 @@ if TYPE_CHECKING:
     from srforge.train.trainer import Trainer
 
 EVENTS = ("before_train", "before_epoch", "after_step", "after_epoch", "after_train")
+# The most a hook's state may hold besides tensors, in units of one per object plus one per character of a string
+# (srforge.limits.object_weight): a checkpoint's plain data is bounded when it is read, so a state past this would
+# make every checkpoint unreadable.
+MAX_HOOK_STATE = 1_000_000
+# What a hook's state may be made of: what torch.load(weights_only=True), which reads every checkpoint, reads back
+# on every torch srforge supports.
+STATE_LEAVES = (torch.Tensor, bool, int, float, str, bytes, type(None), torch.dtype, torch.device)
 
 
 class Hook:
@@ -250,6 +258,33 @@ class MetricsHook(Hook):
             self.writer.close()
 
 
+def check_hook_state(name: str, state: Any) -> None:
+    """A ConfigError naming the hook ``name`` when its ``state`` holds what a checkpoint cannot be read back with
+    (anything but tensors, numbers, strings, bytes, None, and lists, tuples and dicts of them), or more than
+    MAX_HOOK_STATE: it is refused when it is saved, never written into a checkpoint that then cannot be loaded."""
+    stack: list[tuple[Any, str]] = [(state, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, STATE_LEAVES):
+            continue
+        if isinstance(value, dict):
+            stack += [(k, f"{where} key") for k in value] + [(v, f"{where}[{k!r}]") for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            stack += [(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        else:
+            raise ConfigError(
+                f"hook {name!r}: its state_dict() holds a {type(value).__module__}.{type(value).__qualname__} at "
+                f"state{where}, which checkpoints cannot hold (they are read with torch.load(weights_only=True)): "
+                "return tensors, numbers, strings, None, and lists, tuples and dicts of them (e.g. float(x) for a "
+                "numpy scalar, sorted(s) for a set)."
+            )
+    if expanded_size(state, object_parts, object_weight, MAX_HOOK_STATE) is None:
+        raise ConfigError(
+            f"hook {name!r}: its state_dict() holds more than {MAX_HOOK_STATE:,} objects and characters besides "
+            "tensors (or a part that contains itself); keep large data in tensors or in files of the hook's own."
+        )
+
+
 def config_hooks(train_cfg, model: torch.nn.Module) -> list[Any]:
     """The hooks the ``train`` section asks for, in order: EMA (``train.ema``; it copies ``model``, so before the
     model is compiled), early stopping (``train.early_stop``), the user's own (``train.hooks``, as (name, hook))."""
@@ -290,5 +325,11 @@ def user_hooks(specs: list[dict]) -> list[tuple[str, Any]]:
             hook = cls(**(spec.get("args") or {}))
         except TypeError as exc:
             raise ConfigError(f"{key}: could not build {spec['class']} with args {spec.get('args') or {}}: {exc}")
+        if not any(callable(getattr(hook, event, None)) for event in EVENTS):
+            raise ConfigError(
+                f"{key}.class: {spec['class']} built {type(hook).__name__} {str(hook)[:80]!r}, not a hook: a hook "
+                f"is an instance of a class with at least one of the methods {', '.join(EVENTS)} "
+                "(srforge.train.Hook is one to subclass)."
+            )
         hooks.append((f"{key} {spec['class']}", hook))
     return hooks

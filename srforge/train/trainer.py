@@ -44,7 +44,7 @@ from srforge.runtime.checkpoint import class_names_or_default, save_checkpoint
 from srforge.runtime.device import autocast
 from srforge.runtime.device_memory import pixels_text
 from srforge.train.from_config import wrap_for_training
-from srforge.train.hooks import named_hooks
+from srforge.train.hooks import check_hook_state, named_hooks
 from srforge.train.losses import segmentation_loss, valid_pixels
 from srforge.train.metrics import confusion_matrix, scores
 from srforge.train.pixel_budget import PixelBudget, ScanTooLargeError, scan_too_large
@@ -246,6 +246,7 @@ class Trainer:
                   "Raise train.epochs to train further.")  # fmt: skip
         self.call("before_train")
         try:
+            self.hook_states()  # a state no checkpoint could hold is refused now, not after an epoch
             stop = self.run_epochs(last)
             if stop is not None:  # past the except blocks: the epoch's DataLoader and its workers are gone
                 self.stopped_by, error = stop
@@ -522,8 +523,6 @@ class Trainer:
         """The training state, each stateful part's own: progress (``epoch_end``: as at the end of the running
         epoch, else at the batch reached), model, optimizer, scheduler, scaler, batches, pixel budget, every hook
         that has state (by its name), the random generators."""
-        named = zip(self.hook_names, self.hooks)
-        hooks = {name: hook.state_dict() for name, hook in named if name and hasattr(hook, "state_dict")}
         return {
             "epoch": self.epoch + 1 if epoch_end else self.epoch,
             "step": self.step,
@@ -535,9 +534,19 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "sampler": self.source.state_dict(),
             "memory": self.budget.state_dict(),
-            "hooks": hooks,
+            "hooks": self.hook_states(),
             "rng": rng_state(),
         }
+
+    def hook_states(self) -> dict[str, Any]:
+        """{name: state} of every named hook that has a state, each checked to be what a checkpoint can hold
+        (:func:`srforge.train.hooks.check_hook_state`)."""
+        states = {}
+        for name, hook in zip(self.hook_names, self.hooks):
+            if name and hasattr(hook, "state_dict"):
+                states[name] = hook.state_dict()
+                check_hook_state(name, states[name])
+        return states
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved. A hook's state is given to the configured hook of that name; a
