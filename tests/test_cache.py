@@ -270,3 +270,80 @@ def test_the_cache_keys_are_checked():
     assert resolve({"data": {"cache": "c", "cache_max_gb": 1.5}}).data.cache_max_gb == 1.5
     with pytest.raises(ConfigError, match=r"data.cache_max_gb: expected a size in GB > 0.*found -1"):
         resolve({"data": {"cache_max_gb": -1}})
+
+
+# -- round five: what the cache must never serve or wait on ------------------------------------------------------
+def test_a_file_rewritten_with_its_old_size_and_mtime_is_decoded_again(tmp_path):
+    """As cp -p, rsync -t or tar x leave a file, or an uncompressed BMP edited in place: the key still changes."""
+    mask = write(tmp_path / "m.bmp", labels(9, 13, 3))
+    cache = DecodedCache(tmp_path / "cache")
+    before = os.stat(mask)
+    assert torch.equal(cache.read_mask(mask), torch.from_numpy(labels(9, 13, 3)))
+    write(mask, np.full((9, 13), 7, np.uint8))  # every pixel 7, the same byte size
+    os.utime(mask, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(mask).st_size == before.st_size and os.stat(mask).st_mtime_ns == before.st_mtime_ns
+    assert (cache.read_mask(mask) == 7).all()
+
+
+def test_a_fifo_at_an_entry_is_decoded_past_not_waited_on(tmp_path):
+    image = write(tmp_path / "a.png", rgb(9, 13))
+    cache = DecodedCache(tmp_path / "cache")
+    want = cache.read_image(image)
+    (entry,) = entries(tmp_path / "cache")
+    entry.unlink()
+    os.mkfifo(entry)
+    with _within(5):  # open() of a FIFO with no writer blocks for ever
+        assert torch.equal(cache.read_image(image), want)
+    assert entry.is_file()  # the entry written anew over the FIFO
+
+
+def test_a_fifo_in_the_data_folder_is_a_data_error_naming_it(tmp_path):
+    os.mkfifo(tmp_path / "a.png")
+    with _within(5), pytest.raises(DataError, match=r"a\.png: not a regular file"):
+        read_image(tmp_path / "a.png")
+
+
+def test_an_entry_whose_shape_is_not_the_files_is_decoded_again(tmp_path):
+    """An entry with the right key but other pixels' shape ([3, 40, 50] for a 9 x 13 scan) is not served."""
+    image = write(tmp_path / "a.png", rgb(9, 13))
+    cache = DecodedCache(tmp_path / "cache")
+    want = cache.read_image(image)
+    (entry,) = entries(tmp_path / "cache")
+    raw = entry.read_bytes()
+    trailer = raw[raw.rindex(cache_module.TRAILER) :]
+    with open(entry, "wb") as f:
+        np.lib.format.write_array(f, np.zeros((3, 40, 50), np.uint8), allow_pickle=False)
+        f.write(trailer)
+    got = cache.read_image(image)
+    assert got.shape == (3, 9, 13) and torch.equal(got, want)
+
+
+def test_check_data_refuses_an_infinite_cache_budget_without_a_traceback(tmp_path, capsys):
+    root = scan_folder(tmp_path / "data", n=2)
+    with pytest.raises(SystemExit) as stop:  # a usage error, as argparse gives one
+        main_check_data([str(root), "--num-classes", "2", "--cache", str(tmp_path / "c"), "--cache-max-gb", "inf"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "data.cache_max_gb: expected a finite size in GB > 0" in err
+    assert "Traceback" not in err
+
+
+class _within:
+    """Fail (instead of hanging) when the block takes more than ``seconds``."""
+
+    def __init__(self, seconds: int):
+        self.seconds = seconds
+
+    def __enter__(self):
+        import signal
+
+        def late(signum, frame):
+            raise TimeoutError(f"still waiting after {self.seconds} s")
+
+        self.previous = signal.signal(signal.SIGALRM, late)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *exc):
+        import signal
+
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self.previous)

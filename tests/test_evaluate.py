@@ -187,3 +187,72 @@ def test_evaluate_names_its_report_by_an_absolute_path(tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     assert main_evaluate(["--checkpoint", "m.pt", "--input", "data", "--output", "scores", "--workers", "0"]) == 0
     assert f"report: {tmp_path / 'scores' / 'report.html'}" in capsys.readouterr().out
+
+
+# -- round five: one odd name never costs the scores ----------------------------------------------------------------
+def _predicted_folder(root: Path, names: list[str], shape=(9, 14)) -> tuple[Path, Path]:
+    """(a labelled root with images/ and masks/, a predictions folder) for ``names``, predictions one pixel off."""
+    data, preds = root / "data", root / "preds"
+    for i, name in enumerate(names):
+        write(data / "images" / f"{name}.png", rgb(*shape, i))
+        truth = labels(*shape, 3, i)
+        write(data / "masks" / f"{name}.png", truth)
+        guess = truth.copy()
+        guess[0, 0] = (guess[0, 0] + 1) % 3
+        write(preds / f"{name}.png", guess)
+    return data, preds
+
+
+def test_names_near_the_file_systems_limit_keep_their_scores_and_pictures(tmp_path):
+    names = ["a" * 235, "b" * 250, "short"]  # pictures named 001-<name>-A.png: the second one's would not fit
+    data, preds = _predicted_folder(tmp_path, names)
+    out = tmp_path / "out"
+    assert evaluate("--predictions", preds, "--masks", data, "--classes", "x,y,z", "--output", out) == 0
+    assert sorted(r["name"] for r in scans(out)) == sorted(names)
+    assert metrics(out)["models"][0]["results"]["scored"] == 3
+    pictures = sorted(p.name for p in (out / "pictures").iterdir())
+    assert len(pictures) == 3 and all(len(os.fsencode(p)) <= 255 for p in pictures)
+    assert any("a" * 235 in p for p in pictures) and (out / "report.html").is_file()
+
+
+def test_a_picture_that_cannot_be_written_is_a_note_and_the_scores_stay(tmp_path, monkeypatch):
+    import srforge.evaluate.run as run
+
+    data, preds = _predicted_folder(tmp_path, ["s0", "s1"])
+    real = run.atomic_write
+
+    def refuse(path, write, fsync=False):
+        if path.parent.name == "pictures" and "s1" in path.name:
+            raise OSError(28, "No space left on device")
+        return real(path, write, fsync)
+
+    monkeypatch.setattr(run, "atomic_write", refuse)
+    out = tmp_path / "out"
+    assert evaluate("--predictions", preds, "--masks", data, "--classes", "x,y,z", "--output", out) == 0
+    assert len(scans(out)) == 2 and (out / "metrics.json").is_file()
+    page = (out / "report.html").read_text()
+    assert "the picture could not be written (No space left on device)" in page and "s0" in page
+
+
+def test_a_file_name_that_is_not_utf8_is_shown_escaped_and_linked_by_its_bytes(tmp_path):
+    name = os.fsdecode(b"scan_\xff#1")  # not UTF-8, and a character that ends a URL's path
+    data, preds = _predicted_folder(tmp_path, [name])
+    out = tmp_path / "out"
+    assert evaluate("--predictions", preds, "--masks", data, "--classes", "x,y,z", "--output", out) == 0
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "scan_\\xff#1" in page and 'href="pictures/001-scan_%FF%231-A.png"' in page
+    assert (out / "pictures" / f"001-{name}-A.png").is_file()
+
+
+def test_repeated_class_names_and_an_ignore_index_that_is_a_class_or_no_mask_value_are_refused(tmp_path, capsys):
+    data, preds = _predicted_folder(tmp_path, ["s0"])
+    base = ["--predictions", preds, "--masks", data, "--output", tmp_path / "out"]
+    assert evaluate(*base, "--classes", "a,a") == 2
+    assert "class name 1 'a' repeats class name 0" in capsys.readouterr().err
+    assert evaluate(*base, "--classes", ",x") == 2
+    assert "class name 0 must have 1 to" in capsys.readouterr().err
+    for value in ("300", "0"):
+        assert evaluate(*base, "--classes", "a,b,c", "--ignore-index", value) == 2
+        err = capsys.readouterr().err
+        assert f"--ignore-index {value}: expected a mask value from 3 to 255" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "metrics.json").exists()

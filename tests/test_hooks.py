@@ -36,7 +36,7 @@ class CountingHook(Hook):
 
     def after_epoch(self):
         self.events.append("after_epoch")
-        self.trainer.row[self.label] = self.steps
+        self.trainer.add_to_row({self.label: self.steps})
 
     def after_train(self):
         self.events.append("after_train")
@@ -209,3 +209,43 @@ def test_the_done_line_names_the_run_folder_by_its_absolute_path(tmp_path, monke
     _say_done({**summary, "run_dir": "runs/x"})
     line = capsys.readouterr().out
     assert f"run directory {tmp_path / 'runs' / 'x'}" in line and "bg 0.9000, curve 0.8000 (mean 0.8500)" in line
+
+
+# -- round five: what a hook's state may hold, and what a hook class must build -------------------------------------
+class OddStateHook(Hook):
+    """A hook whose state is what a checkpoint cannot hold: ``kind`` numpy (a numpy scalar), set, or long (a string
+    past the stated limit)."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def state_dict(self):
+        import numpy as np
+
+        from srforge.train.hooks import MAX_HOOK_STATE
+
+        value = {"numpy": np.float64(0.5), "set": {1, 2}, "long": "x" * (MAX_HOOK_STATE + 1)}[self.kind]
+        return {"best": value}
+
+    def load_state_dict(self, state):
+        pass
+
+
+@pytest.mark.parametrize("kind, said", [("numpy", "numpy.float64"), ("set", "builtins.set"), ("long", "1,000,000")])
+def test_a_hook_state_no_checkpoint_could_hold_is_refused_before_anything_is_written(tmp_path, kind, said, capsys):
+    cfg = tiny_config(tmp_path / "run", epochs=1)
+    cfg["train"]["hooks"] = [{"class": "test_hooks:OddStateHook", "args": {"kind": kind}}]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main_train(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "hook 'train.hooks[0] test_hooks:OddStateHook'" in err and said in err and "Traceback" not in err
+    assert not list((tmp_path / "run").glob("*.pt"))  # no checkpoint that then cannot be read
+
+
+@pytest.mark.parametrize("path", ["os:getcwd", "builtins:int"])
+def test_a_hook_class_that_builds_no_hook_is_a_config_error_naming_it(tmp_path, path):
+    cfg = tiny_config(tmp_path / "run", epochs=1)
+    cfg["train"]["hooks"] = [{"class": path}]
+    with pytest.raises(ConfigError, match=rf"train\.hooks\[0\]\.class: {path} built .* not a hook"):
+        train(resolve(cfg))

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from srforge.atomic import TEMP_SUFFIX, atomic_write
+from srforge.atomic import NAME_MAX, TEMP_SUFFIX, atomic_write
 from srforge.data.naming import scan_stem
 from srforge.evaluate.aggregate import results, scored
 from srforge.evaluate.inputs import LabelledArchive, Predictions
@@ -123,15 +123,11 @@ def draw_pictures(out_dir: Path, worst: list[dict], truths, models: list[dict], 
         return [_shown(shot, future) for shot, future in pending]
 
 
-# The longest picture file name in bytes: a file system's limit is 255, and a scan's name may come close to it.
-MAX_PICTURE_NAME = 200
-
-
 def picture_file(rank: int, name: str, model: str) -> str:
     """``pictures/<rank>-<name>-<model>.png`` (a scan's folders joined by ``__``); a name too long for that is
     replaced by its digest, so that no scan's name can keep its picture from being written."""
     stem = f"{rank:03d}-{name.replace('/', '__')}-{model}"
-    if len(os.fsencode(stem)) + 4 > MAX_PICTURE_NAME:
+    if len(os.fsencode(stem)) + 4 > NAME_MAX:  # a scan's name may come close to the file system's limit
         digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
         stem = f"{rank:03d}-{digest}-{model}"
     return f"pictures/{stem}.png"

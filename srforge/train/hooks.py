@@ -24,6 +24,7 @@ names it too, and a checkpoint's hook states never name code: they only go to th
 
 from __future__ import annotations
 
+import collections
 import copy
 import math
 import sys
@@ -48,8 +49,10 @@ EVENTS = ("before_train", "before_epoch", "after_step", "after_epoch", "after_tr
 # make every checkpoint unreadable.
 MAX_HOOK_STATE = 1_000_000
 # What a hook's state may be made of: what torch.load(weights_only=True), which reads every checkpoint, reads back
-# on every torch srforge supports.
-STATE_LEAVES = (torch.Tensor, bool, int, float, str, bytes, type(None), torch.dtype, torch.device)
+# on every torch srforge supports. Exact types: a numpy float64 is a float subclass that the loader refuses.
+STATE_LEAVES = (bool, int, float, str, bytes, type(None))
+STATE_OBJECTS = (torch.Tensor, torch.dtype, torch.device)
+STATE_MAPPINGS = (dict, collections.OrderedDict)
 
 
 class Hook:
@@ -265,11 +268,11 @@ def check_hook_state(name: str, state: Any) -> None:
     stack: list[tuple[Any, str]] = [(state, "")]
     while stack:
         value, where = stack.pop()
-        if isinstance(value, STATE_LEAVES):
+        if type(value) in STATE_LEAVES or isinstance(value, STATE_OBJECTS):
             continue
-        if isinstance(value, dict):
+        if type(value) in STATE_MAPPINGS:
             stack += [(k, f"{where} key") for k in value] + [(v, f"{where}[{k!r}]") for k, v in value.items()]
-        elif isinstance(value, (list, tuple)):
+        elif type(value) in (list, tuple):
             stack += [(v, f"{where}[{i}]") for i, v in enumerate(value)]
         else:
             raise ConfigError(
