@@ -327,6 +327,10 @@ def test_check_data_refuses_an_infinite_cache_budget_without_a_traceback(tmp_pat
     assert "Traceback" not in err
 
 
+class Hung(BaseException):
+    """A block still waiting when its time was up."""
+
+
 class _within:
     """Fail (instead of hanging) when the block takes more than ``seconds``."""
 
@@ -336,8 +340,8 @@ class _within:
     def __enter__(self):
         import signal
 
-        def late(signum, frame):
-            raise TimeoutError(f"still waiting after {self.seconds} s")
+        def late(signum, frame):  # not an OSError (TimeoutError is one), which the cache would take as a miss
+            raise Hung(f"still waiting after {self.seconds} s")
 
         self.previous = signal.signal(signal.SIGALRM, late)
         signal.alarm(self.seconds)
