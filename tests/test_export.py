@@ -1,4 +1,5 @@
-"""ONNX export: dynamic batch / H / W, the padding-aware sizes input, the onnxruntime check, the README snippet.
+"""ONNX export: dynamic batch / H / W, the padding-aware sizes input, the onnxruntime check, the README snippet, and
+the exported model predicting through srforge.predict.onnx_model.
 
 The tests that export need the optional extra (onnx, onnxscript, onnxruntime) and are skipped without it;
 the tests of the missing-extra error run everywhere.
@@ -6,6 +7,7 @@ the tests of the missing-extra error run everywhere.
 
 import contextlib
 import io
+import json
 import re
 import shutil
 import sys
@@ -15,10 +17,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from predict_fixtures import png, scan, write_folder
 
 from srforge import UNet
-from srforge.cli import main_export
+from srforge.cli import main_export, main_predict
 from srforge.export.onnx import EXTRA, OnnxCheckError, check_onnx, check_scans, export_onnx
+from srforge.predict import Predictor
 from srforge.runtime.checkpoint import save_checkpoint
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -196,3 +200,82 @@ def test_run_onnx_names_what_is_wrong_with_the_inputs_before_onnxruntime_does(ex
         run_onnx(session, image, np.array([[17, 20]], np.int64))
     with pytest.raises(ValueError, match=r"image: expected \[B, 3, H, W\], found \[1, 1, 16, 24\]"):
         run_onnx(session, image[:, :1], sizes)
+
+
+# -- the exported model predicts (srforge.predict.onnx_model) -----------------------------------------------------
+# Odd sizes, one sub-folder, and one scan wide enough to be tiled under --max-pixels 4096.
+SCANS = {"a.png": scan(0), "sub/b.png": scan(1, 13, 27), "c.png": scan(2, 7, 9), "wide.png": scan(3, 17, 300)}
+
+
+@pytest.fixture
+def onnx_run(exported, tmp_path):
+    """(the exported model's checkpoint, the exported model, a folder of SCANS)."""
+    _, path, _ = exported
+    return path.parent / "best.pt", path, write_folder(tmp_path / "scans", {n: png(a) for n, a in SCANS.items()})
+
+
+def _masks(out):
+    return {name: np.asarray(Image.open(out / "masks" / name)) for name in SCANS}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tta", ["none", "flip"])
+def test_an_exported_model_predicts_a_folder_to_its_checkpoints_masks(tmp_path, onnx_run, tta):
+    ckpt, onnx, scans = onnx_run
+    common = ["--input", str(scans), "--no-progress", "--max-pixels", "4096", "--tta", tta, "--workers", "0"]
+    assert main_predict(["--checkpoint", str(ckpt), "--output", str(tmp_path / "pt"), *common]) == 0
+    assert main_predict(["--checkpoint", str(onnx), "--output", str(tmp_path / "ort"), *common]) == 0
+    torch_masks, ort_masks = _masks(tmp_path / "pt"), _masks(tmp_path / "ort")
+    report = json.loads((tmp_path / "ort" / "report.json").read_text())
+    assert report["summary"]["runtime"].startswith("onnxruntime CPUExecutionProvider")
+    tiles = {row["name"]: row["tiles"] for row in report["scans"]}
+    assert tiles["wide.png"] > 1 and tiles["a.png"] == 1
+    probabilities = Predictor.from_checkpoint(ckpt, device="cpu", max_pixels=4096, tta=tta).probabilities(
+        [torch.from_numpy(a).permute(2, 0, 1).contiguous() for a in SCANS.values()]
+    )
+    for (name, a), prob in zip(SCANS.items(), probabilities):
+        assert ort_masks[name].shape == a.shape[:2]
+        differ = torch_masks[name] != ort_masks[name]
+        if differ.any():  # only where the two best classes tie
+            top2 = prob.sort(0, descending=True).values[:2]
+            assert ((top2[0] - top2[1])[torch.from_numpy(differ)] < 1e-4).all(), name
+
+
+@pytest.mark.slow
+def test_from_onnx_reads_the_divisor_classes_and_channels_from_the_metadata(onnx_run):
+    ckpt, onnx, _ = onnx_run
+    predictor = Predictor.from_onnx(onnx, threads=1)
+    assert (predictor.divisor, predictor.class_names, predictor.model.in_channels) == (8, ["bg", "solid", "dashed"], 3)
+    assert predictor.runtime == "onnxruntime CPUExecutionProvider, 1 intra-op threads"
+    assert predictor.fingerprint != Predictor.from_checkpoint(ckpt, device="cpu").fingerprint  # another model file
+    image = torch.from_numpy(scan(4)).permute(2, 0, 1).contiguous()
+    (mask,) = predictor.predict([image])
+    assert mask.shape == image.shape[1:] and int(mask.max()) < 3
+
+
+@pytest.mark.slow
+def test_a_file_that_is_not_srforges_export_is_exit_2_and_nothing_is_written(tmp_path, onnx_run, capsys):
+    import onnx as onnx_lib
+
+    _, good, scans = onnx_run
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a model at all")
+    bare = onnx_lib.load(str(good))
+    del bare.metadata_props[:]
+    onnx_lib.save(bare, str(tmp_path / "bare.onnx"))
+    lying = onnx_lib.load(str(good))
+    for prop in lying.metadata_props:
+        if prop.key == "size_divisor":
+            prop.value = "3"  # the graph needs multiples of 8
+    onnx_lib.save(lying, str(tmp_path / "lying.onnx"))
+    said = {
+        "garbage.onnx": "not an ONNX model onnxruntime can load",
+        "bare.onnx": "an ONNX model without srforge's metadata (missing size_divisor, class_names",
+        "lying.onnx": "its metadata does not describe its graph",
+    }
+    for name, message in said.items():
+        out = tmp_path / f"out-{name}"
+        code = main_predict(["--checkpoint", str(tmp_path / name), "--input", str(scans), "--output", str(out)])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and name in err and "Traceback" not in err, (name, err)
+        assert not out.exists() or not any(out.iterdir())

@@ -217,6 +217,7 @@ def write_merged_report(job: Job, rows: list[dict], stopped: bool, start: float)
         output=str(job.out_dir),
         processes=job.world,
         model=job.predictor.fingerprint,
+        runtime=job.predictor.runtime,
     )
     if job.rank == 0:
         write_report(job.out_dir, rows, summary, job.predictor.class_names)

@@ -32,6 +32,7 @@ from srforge.data.sampling import SizeGroupedBatchSampler
 from srforge.geometry import aligned_size
 from srforge.models.class_map import class_map
 from srforge.models.contract import check_attributes, with_sizes
+from srforge.predict.onnx_model import is_onnx_path
 from srforge.predict.tiling import predict_tiled, tile_grid, tile_shape
 from srforge.predict.tta import flip_probabilities, tta_mode
 from srforge.runtime.checkpoint import class_names_or_default, load_checkpoint, model_from_checkpoint
@@ -189,6 +190,23 @@ class Predictor:
             self._fingerprint = fingerprint(self.model, self.class_names, self.image_mode, self.tta)
         return self._fingerprint
 
+    @property
+    def runtime(self) -> str:
+        """What runs the model, for the report: PyTorch on a device and precision, or ONNX Runtime's provider."""
+        return getattr(self.model, "runtime", f"pytorch {self.device} {self.precision}")
+
+    @classmethod
+    def from_onnx(cls, path, *, threads: int | None = None, providers=None, **options) -> Predictor:
+        """The Predictor of an exported model (srforge-export's .onnx), run by ONNX Runtime
+        (:class:`srforge.predict.onnx_model.OnnxModel`: divisor, classes and channels from its metadata, checked
+        against its graph); ``threads``: its intra-op threads (default: the CPUs). Tensors stay on the host, so
+        ``precision`` is fp32 and ``device`` the CPU; ``options`` are Predictor's other keywords."""
+        from srforge.predict.onnx_model import OnnxModel
+
+        options.pop("device", None)
+        model = OnnxModel(path, threads=threads, providers=providers)
+        return cls(model, class_names=model.class_names, device="cpu", **options)
+
     @classmethod
     def from_checkpoint(cls, path, *, device="auto", allow_model: Sequence[str] = (), **options) -> Predictor:
         """The Predictor a checkpoint describes: model, weights, divisor, classes, normalisation, image mode.
@@ -198,8 +216,11 @@ class Predictor:
         one named in ``allow_model`` ("module:Class", the CLI's --allow-model); else a ConfigError (a ValueError)
         saying how to allow it.
         ``options`` are Predictor's keywords (precision, max_pixels, overlap, max_batch, tta). The image mode is the
-        checkpoint's ``image_mode``, else its training config's, else the model's input channels'.
+        checkpoint's ``image_mode``, else its training config's, else the model's input channels'. A ``.onnx`` file
+        is an exported model: :meth:`from_onnx`.
         """
+        if is_onnx_path(path):
+            return cls.from_onnx(path, **options)
         ckpt = load_checkpoint(path)
         model_class = check_checkpoint_model(ckpt, path, allow_model)
         # A class the user named may live in the working directory; srforge's own come from the package alone.
