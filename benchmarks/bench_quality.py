@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import sys
 import tempfile
 import time
@@ -375,6 +376,35 @@ def print_table(rows: list[dict], task: str) -> None:
             print("| " + " | ".join(cells) + " |")
 
 
+def self_test() -> list[str]:
+    """The benchmark's own arithmetic on hand-computed cases (``--self-test``): every recipe gets the whole scans'
+    real pixels, and the Score pools pixels and splits them by width third. Returns what failed (empty: all held)."""
+    failed = []
+    setting = Setting(epochs=12, crop=(24, 128), resize=(32, 512))
+    sizes = [(30 + i % 11, 200 + 37 * i) for i in range(20)]
+    whole = sum(h * w for h, w in sizes) * setting.epochs
+    for recipe in recipes(setting):
+        if recipe.serves == "crop":
+            per_epoch = sum(min(h, 24) * min(w, 128) for h, w in sizes)
+        elif recipe.serves == "resize":
+            per_epoch = len(sizes) * 32 * 512
+        else:
+            per_epoch = whole / setting.epochs
+        if abs(epochs_for(recipe, setting, sizes) * per_epoch - whole) > per_epoch / 2 + 1:  # whole epochs
+            failed.append(f"{recipe.name}: not the whole scans' real pixels")
+    score = Score(3)
+    truth = np.array([[0, 1, 2, 0]], np.uint8)
+    score.add(truth, np.array([[0, 2, 2, 1]], np.uint8), third=0)  # foreground: 2 hits, 1 false positive
+    score.add(truth, truth, third=2)
+    first, middle, last = score.third_iou()
+    checks = {
+        "foreground IoU 4/5": math.isclose(score.foreground_iou(), 4 / 5),
+        "class IoU 1/3 and 2/3": score.class_iou()[1] == 1 / 3 and score.class_iou()[2] == 2 / 3,
+        "thirds 2/3, NaN, 1": first == 2 / 3 and math.isnan(middle) and last == 1.0,
+    }
+    return failed + [f"Score: {name} does not hold" for name, held in checks.items() if not held]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -385,7 +415,12 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke test: tiny scans, one epoch, one seed")
     parser.add_argument("--work", type=Path, default=None, help="folder for data and runs (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_quality.json")
+    parser.add_argument("--self-test", action="store_true", help="check the benchmark's arithmetic on hand-made cases")
     args = parser.parse_args(argv)
+    if args.self_test:
+        failed = self_test()
+        print("\n".join(failed) if failed else "bench_quality self-test: every check held")
+        return 1 if failed else 0
     torch.set_num_threads(max(1, torch.get_num_threads()))
     setting = Setting(epochs=args.epochs)
     if args.quick:
