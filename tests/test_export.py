@@ -279,3 +279,23 @@ def test_a_file_that_is_not_srforges_export_is_exit_2_and_nothing_is_written(tmp
         err = capsys.readouterr().err
         assert code == 2 and message in err and name in err and "Traceback" not in err, (name, err)
         assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.slow
+def test_evaluate_scores_an_exported_model_as_its_checkpoint(tmp_path, onnx_run):
+    from srforge.cli import main_evaluate
+
+    ckpt, onnx, scans = onnx_run
+    for name, array in SCANS.items():  # masks beside the scans: the labelled layout
+        (tmp_path / "data" / "images" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "data" / "images" / name).write_bytes(png(array))
+        mask = (array[..., 0] % 3).astype(np.uint8)
+        (tmp_path / "data" / "masks" / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(mask).save(tmp_path / "data" / "masks" / name)
+    scores = {}
+    for label, model in (("pt", ckpt), ("ort", onnx)):
+        out = tmp_path / f"eval-{label}"
+        args = ["--checkpoint", str(model), "--input", str(tmp_path / "data"), "--output", str(out)]
+        assert main_evaluate([*args, "--no-progress", "--workers", "0"]) == 0
+        scores[label] = json.loads((out / "metrics.json").read_text())["models"][0]["results"]["micro"]
+    assert scores["ort"]["pixel_accuracy"] == pytest.approx(scores["pt"]["pixel_accuracy"], abs=1e-4)

@@ -95,6 +95,7 @@ def _checkpoint_models(args, out: Path):
     from srforge.evaluate.run import check_evaluation_output
     from srforge.evaluate.scoring import Scorer
     from srforge.predict.folders import check_input
+    from srforge.predict.onnx_model import is_onnx_path
     from srforge.runtime.checkpoint import load_checkpoint
 
     data = Path(args.input)
@@ -110,7 +111,9 @@ def _checkpoint_models(args, out: Path):
     names = [list(m["predictor"].class_names) for m in models]
     if len(names) == 2 and names[0] != names[1]:
         raise ValueError(f"--checkpoint has classes {names[0]} and --compare {names[1]}; they must be the same")
-    ignore = load_checkpoint(args.checkpoint).get("ignore_index", IGNORE_INDEX)
+    # An exported model records no ignore index: the default, as for masks from any tool.
+    onnx = is_onnx_path(args.checkpoint)
+    ignore = IGNORE_INDEX if onnx else load_checkpoint(args.checkpoint).get("ignore_index", IGNORE_INDEX)
     truths = LabelledArchive(data)
     scorer = Scorer(names[0], ignore, args.tolerance, models[0]["predictor"].device, args.max_pixels)
     return truths, models, scorer

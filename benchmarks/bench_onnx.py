@@ -1,0 +1,175 @@
+"""Does predicting through ONNX Runtime beat PyTorch eager on the CPU, with the same masks?
+
+One checkpoint of configs/welllog.yaml's model (UNet depth 5, base 32, 4 classes; random weights: speed does not
+depend on them) is exported with srforge-export (timed), then ``scripts/predict.py`` predicts the same folder of
+full-size scans (3,200 x 544 and 12,800 x 640 px, drawn by srforge's generator) once with ``--checkpoint
+best.pt`` (PyTorch eager) and once with ``--checkpoint model.onnx`` (ONNX Runtime's CPU provider), each in its own
+process so that its peak memory is its own: decoding, tiling (the wide scan exceeds the CPU's pixel budget) and
+writing are included, as a user runs it. Then the quickstart's model (depth 3, base 8) on 40 scans of the
+quickstart's size. It prints scans/s, the ratio, peak RSS, the share of mask pixels that agree, and the largest
+|logit difference| on one full-size scan; the archive's cost on CPUs follows from the measured rate.
+
+    python benchmarks/bench_onnx.py [--repeats 1] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from srforge.cli import main_export  # noqa: E402
+from srforge.models.unet import UNet  # noqa: E402
+from srforge.predict import Predictor  # noqa: E402
+from srforge.runtime.checkpoint import save_checkpoint  # noqa: E402
+from srforge.synthetic import welllog_scan  # noqa: E402
+
+FULL_SIZES = [(544, 3200), (640, 12_800)]  # (H, W)
+ARCHIVE_SCANS, ARCHIVE_PIXELS = 136_771, 560 * 8_000  # the seed's archive: its count and mean scan
+
+
+def checkpoint(path: Path, base: int, depth: int, classes: int) -> Path:
+    torch.manual_seed(0)
+    args = {"in_channels": 3, "num_classes": classes, "base_channels": base, "depth": depth}
+    model = UNet(**args)
+    names = [f"class_{c}" for c in range(classes)]
+    payload = {"model": model.state_dict(), "model_args": args, "size_divisor": model.size_divisor}
+    return save_checkpoint({**payload, "class_names": names, "ignore_index": 255, "config": {}}, path)
+
+
+def full_size_scans(folder: Path) -> list[Path]:
+    """Generator scans cut (or tiled side by side) to FULL_SIZES."""
+    paths = []
+    for i, (h, w) in enumerate(FULL_SIZES):
+        image, _ = welllog_scan(i, seed=0, scale=1.0)
+        reps = -(-w // image.shape[1])
+        wide = np.concatenate([image] * reps, axis=1)[:h, :w]
+        if wide.shape[0] < h:
+            wide = np.concatenate([wide, np.full((h - wide.shape[0], w, 3), 255, np.uint8)], axis=0)
+        paths.append(folder / f"full_{h}x{w}.png")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(wide).save(paths[-1])
+    return paths
+
+
+def tiny_scans(folder: Path, n: int = 40) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        image, _ = welllog_scan(i, seed=1, scale=0.0625)
+        Image.fromarray(image).save(folder / f"tiny_{i:03d}.png")
+
+
+def child(spec: str) -> None:
+    """In a process of its own: predict.py over the folder; prints seconds and peak RSS as JSON."""
+    from srforge.cli import main_predict
+
+    args = json.loads(spec)
+    start = time.perf_counter()
+    code = main_predict(args + ["--no-progress"])
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"code": code, "seconds": seconds, "peak_bytes": peak}))
+
+
+def run_predict(model: Path, folder: Path, out: Path) -> dict:
+    args = ["--checkpoint", str(model), "--input", str(folder), "--output", str(out), "--device", "cpu", "--overwrite"]
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(args)], capture_output=True, text=True, check=False
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["code"] != 0:
+        raise SystemExit(f"predict.py --checkpoint {model} failed:\n{done.stderr[-2000:]}")
+    return result
+
+
+def agreement(a: Path, b: Path) -> float:
+    same = total = 0
+    for mask in sorted((a / "masks").rglob("*.png")):
+        x, y = np.asarray(Image.open(mask)), np.asarray(Image.open(b / "masks" / mask.relative_to(a / "masks")))
+        same, total = same + int((x == y).sum()), total + x.size
+    return same / total
+
+
+def logit_difference(ckpt: Path, onnx: Path, scan: Path) -> float:
+    image = torch.from_numpy(np.asarray(Image.open(scan).convert("RGB"))).permute(2, 0, 1).contiguous()
+    eager, ort = Predictor.from_checkpoint(ckpt, device="cpu"), Predictor.from_onnx(onnx)
+    batch = eager.collate_images([image])
+    with torch.no_grad():
+        a = eager.model(batch["image"], batch["sizes"])
+    b = ort.model(batch["image"], batch["sizes"])
+    h, w = image.shape[1:]
+    return float((a[..., :h, :w] - b[..., :h, :w]).abs().max())
+
+
+def compare(work: Path, name: str, folder: Path, shape: tuple[int, int, int], repeats: int) -> dict:
+    """Export, then predict ``folder`` with both backends ``repeats`` times (alternating): the medians."""
+    base, depth, classes = shape
+    ckpt = checkpoint(work / f"{name}.pt", base, depth, classes)
+    start = time.perf_counter()
+    assert main_export(["--checkpoint", str(ckpt), "--output", str(work / f"{name}.onnx")]) == 0
+    export_s = time.perf_counter() - start
+    runs: dict[str, list] = {"eager": [], "onnx": []}
+    for _ in range(repeats):
+        for backend, model in (("eager", ckpt), ("onnx", work / f"{name}.onnx")):
+            runs[backend].append(run_predict(model, folder, work / f"out-{name}-{backend}"))
+    scans = len(list(folder.glob("*.png")))
+    row = {"model": name, "scans": scans, "export_s": round(export_s, 1)}
+    for backend, results in runs.items():
+        seconds = float(np.median([r["seconds"] for r in results]))
+        peak = results[0]["peak_bytes"] / 2**20
+        row[backend] = {"seconds": seconds, "scans_per_s": scans / seconds, "peak_mib": peak}
+    row["speedup"] = row["onnx"]["scans_per_s"] / row["eager"]["scans_per_s"]
+    row["agreement"] = agreement(work / f"out-{name}-eager", work / f"out-{name}-onnx")
+    row["max_logit_difference"] = logit_difference(ckpt, work / f"{name}.onnx", sorted(folder.glob("*.png"))[0])
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_onnx.json"))
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child)
+    work = Path(tempfile.mkdtemp(prefix="srforge-onnx-"))
+    full_size_scans(work / "full")
+    tiny_scans(work / "tiny")
+    rows = [
+        compare(work, "welllog", work / "full", (32, 5, 4), args.repeats),
+        compare(work, "quickstart", work / "tiny", (8, 3, 2), args.repeats),
+    ]
+    print("| model | scans | export s | eager scans/s | ONNX Runtime scans/s | speedup | eager peak MiB | ORT peak MiB "
+          "| masks agreeing | max logit diff |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['model']} | {r['scans']} | {r['export_s']} | {r['eager']['scans_per_s']:.3f} | "
+              f"{r['onnx']['scans_per_s']:.3f} | {r['speedup']:.2f}x | {r['eager']['peak_mib']:.0f} | "
+              f"{r['onnx']['peak_mib']:.0f} | {100 * r['agreement']:.4f}% | "
+              f"{r['max_logit_difference']:.2e} |")  # fmt: skip
+    full, cores = rows[0], os.cpu_count() or 1
+    pixels = sum(h * w for h, w in FULL_SIZES)
+    for backend in ("eager", "onnx"):
+        core_seconds = full[backend]["seconds"] * cores * ARCHIVE_PIXELS / pixels  # a mean archive scan's cost
+        per_core_hour = 3600 / core_seconds
+        print(f"{backend}: about {per_core_hour:.0f} mean archive scans ({ARCHIVE_PIXELS:,} px) a core-hour on these "
+              f"{cores} cores; the archive's {ARCHIVE_SCANS:,} scans take {ARCHIVE_SCANS / per_core_hour:,.0f} "
+              f"core-hours, {ARCHIVE_SCANS / per_core_hour / 64:.1f} h on 64 cores")  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
