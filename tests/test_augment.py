@@ -81,3 +81,10 @@ def test_empty_config_is_identity_and_batches_work():
     batch = Entry.collate([sample(seed=0), sample(seed=1)])
     flipped = build_augmentation({"hflip": 1.0})(batch)
     assert torch.equal(flipped.mask, batch.mask.flip(-1))
+
+
+def test_a_replaced_key_set_to_null_is_absent_so_a_run_that_had_it_resumes():
+    recipe = {"hflip": 1.0, "crop": None, "affine": {"degrees": 0, "scale": None}}
+    e = sample()
+    out = build_augmentation(recipe)(e)
+    assert torch.equal(out.mask, e.mask.flip(-1))

@@ -249,3 +249,17 @@ def test_a_hook_class_that_builds_no_hook_is_a_config_error_naming_it(tmp_path, 
     cfg["train"]["hooks"] = [{"class": path}]
     with pytest.raises(ConfigError, match=rf"train\.hooks\[0\]\.class: {path} built .* not a hook"):
         train(resolve(cfg))
+
+
+def test_a_hook_state_that_contains_itself_or_shares_parts_is_refused_at_once():
+    from srforge.train.hooks import check_hook_state
+
+    looped: list = []
+    looped.append(looped)
+    shared: list = []
+    for _ in range(40):  # 2**40 uses of one list: a walk that expanded it would never end
+        shared = [shared, shared]
+    for state in (looped, {"x": shared}):
+        with pytest.raises(ConfigError, match="or a part that contains itself"):
+            check_hook_state("h", state)
+    check_hook_state("h", {"w": torch.zeros(2), "n": 3, "s": ["a", (1.5, None)]})  # plain data passes

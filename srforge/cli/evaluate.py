@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int_at_least(0),
         default=None,
         help="--predictions mode: the id of "
-        f"unlabelled pixels in the true masks (default {IGNORE_INDEX}; checkpoint mode: the checkpoint's)",
+        f"unlabelled pixels in the true masks (default {IGNORE_INDEX}; checkpoint mode: the checkpoint's; an "
+        "exported .onnx model records none, so it takes this)",
     )
     parser.add_argument("--output", help="folder for metrics.json, scans.csv, report.html, pictures/, predictions/")
     parser.add_argument("--tolerance", type=int_at_least(0), default=2, help="px for the tolerance F1 (default 2)")
@@ -111,9 +112,11 @@ def _checkpoint_models(args, out: Path):
     names = [list(m["predictor"].class_names) for m in models]
     if len(names) == 2 and names[0] != names[1]:
         raise ValueError(f"--checkpoint has classes {names[0]} and --compare {names[1]}; they must be the same")
-    # An exported model records no ignore index: the default, as for masks from any tool.
-    onnx = is_onnx_path(args.checkpoint)
-    ignore = IGNORE_INDEX if onnx else load_checkpoint(args.checkpoint).get("ignore_index", IGNORE_INDEX)
+    # An exported model records no ignore index: --ignore-index, else the default, as for masks from any tool.
+    if is_onnx_path(args.checkpoint):
+        ignore = _ignore_index(args.ignore_index, len(names[0]))
+    else:
+        ignore = load_checkpoint(args.checkpoint).get("ignore_index", IGNORE_INDEX)
     truths = LabelledArchive(data)
     scorer = Scorer(names[0], ignore, args.tolerance, models[0]["predictor"].device, args.max_pixels)
     return truths, models, scorer

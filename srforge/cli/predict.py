@@ -132,7 +132,7 @@ def open_predictor(args, checkpoint):
     from srforge.runtime.distributed import rank_device
 
     options = dict(max_pixels=args.max_pixels, overlap=args.tile_overlap, max_batch=args.max_batch, tta=args.tta)
-    if is_onnx_path(checkpoint):  # an exported model: ONNX Runtime's threads, less the decoding workers
+    if is_onnx_path(checkpoint):  # an exported model: ONNX Runtime's threads, this process's share of the CPUs
         workers = default_workers() if getattr(args, "workers", None) is None else args.workers
         return Predictor.from_onnx(checkpoint, threads=onnx_threads(workers), **options)
     return Predictor.from_checkpoint(

@@ -50,7 +50,9 @@ def check_recipe(recipe: Mapping, where: str = "data.augment") -> None:
     and :func:`build_augmentation` both call this."""
     for name, value in recipe.items():
         if name in REPLACED:
-            raise ValueError(_replaced(name, where))
+            if value is not None:  # null: absent (how a run that had it is resumed)
+                raise ValueError(_replaced(name, where))
+            continue
         if name not in KEYS:
             raise ValueError(_unknown(name, KEYS, where))
         if name == "scale":
@@ -65,7 +67,9 @@ def check_recipe(recipe: Mapping, where: str = "data.augment") -> None:
             )
         for inner in value:
             if f"{name}.{inner}" in REPLACED:
-                raise ValueError(_replaced(f"{name}.{inner}", where))
+                if value[inner] is not None:
+                    raise ValueError(_replaced(f"{name}.{inner}", where))
+                continue
             if inner not in valid:
                 raise ValueError(_unknown(inner, valid, f"{where}.{name}"))
 
@@ -87,7 +91,10 @@ def scale_range(value, where: str = "data.augment.scale") -> tuple[float, float]
 
 
 def _replaced(name: str, where: str) -> str:
-    return f"{where}.{name} is no longer an option: use {REPLACED[name]}. One size policy serves every scan."
+    return (
+        f"{where}.{name} is no longer an option: use {REPLACED[name]}. One size policy serves every scan. (A run "
+        f"configured with it resumes with the override {where}.{name}=null.)"
+    )
 
 
 def _unknown(name: object, valid, where: str) -> str:
@@ -118,7 +125,7 @@ def build_augmentation(config: Mapping | None, ignore_index: int = IGNORE_INDEX)
     ``ignore_index`` fills the mask where an affine leaves no data (the trainer passes ``data.ignore_index``).
     ``scale`` is checked but builds no step: the FieldView rescales (see the module docstring).
     """
-    config = dict(config or {})
+    config = {k: v for k, v in dict(config or {}).items() if not (k in REPLACED and v is None)}
     check_recipe(config)
     steps: list = []
     if config.get("hflip"):
@@ -126,7 +133,7 @@ def build_augmentation(config: Mapping | None, ignore_index: int = IGNORE_INDEX)
     if config.get("vflip"):
         steps.append(v2.RandomVerticalFlip(p=float(config["vflip"])))
     if "affine" in config:
-        affine = dict(config["affine"])
+        affine = {k: v for k, v in config["affine"].items() if not (k == "scale" and v is None)}
         if isinstance(affine.get("translate"), (int, float)):
             affine["translate"] = (affine["translate"], affine["translate"])
         steps.append(

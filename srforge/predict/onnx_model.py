@@ -37,11 +37,14 @@ def is_onnx_path(path) -> bool:
 
 
 def onnx_threads(workers: int = 0) -> int:
-    """ONNX Runtime's intra-op threads: this process's CPUs, as PyTorch takes them. The ``workers`` that decode
+    """ONNX Runtime's intra-op threads: this process's share of the CPUs (all of them, or divided among torchrun's
+    processes on the machine), as PyTorch takes them. The ``workers`` that decode
     scans are not subtracted: they decode a scan in a fraction of the time the model takes it and then wait, and a
     full-size scan took twice as long on one thread of two as on both (docs/performance.md)."""
-    del workers  # kept in the signature: the CLI states both in the report
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    del workers  # kept in the signature: the CLI passes them, so a rule that counts them has them
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)  # torchrun's processes on this machine share its CPUs
+    return max(1, cpus // max(1, local))
 
 
 def _session(path: Path, threads: int, providers):

@@ -265,9 +265,18 @@ def check_hook_state(name: str, state: Any) -> None:
     """A ConfigError naming the hook ``name`` when its ``state`` holds what a checkpoint cannot be read back with
     (anything but tensors, numbers, strings, bytes, None, and lists, tuples and dicts of them), or more than
     MAX_HOOK_STATE: it is refused when it is saved, never written into a checkpoint that then cannot be loaded."""
+    if expanded_size(state, object_parts, object_weight, MAX_HOOK_STATE) is None:
+        raise ConfigError(
+            f"hook {name!r}: its state_dict() holds more than {MAX_HOOK_STATE:,} objects and characters besides "
+            "tensors (or a part that contains itself); keep large data in tensors or in files of the hook's own."
+        )
     stack: list[tuple[Any, str]] = [(state, "")]
+    seen: set[int] = set()
     while stack:
         value, where = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
         if type(value) in STATE_LEAVES or isinstance(value, STATE_OBJECTS):
             continue
         if type(value) in STATE_MAPPINGS:
@@ -281,11 +290,6 @@ def check_hook_state(name: str, state: Any) -> None:
                 "return tensors, numbers, strings, None, and lists, tuples and dicts of them (e.g. float(x) for a "
                 "numpy scalar, sorted(s) for a set)."
             )
-    if expanded_size(state, object_parts, object_weight, MAX_HOOK_STATE) is None:
-        raise ConfigError(
-            f"hook {name!r}: its state_dict() holds more than {MAX_HOOK_STATE:,} objects and characters besides "
-            "tensors (or a part that contains itself); keep large data in tensors or in files of the hook's own."
-        )
 
 
 def config_hooks(train_cfg, model: torch.nn.Module) -> list[Any]:

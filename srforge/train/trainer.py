@@ -94,8 +94,11 @@ class _Skipped:
     def __init__(self, loader: Iterable, skip: int):
         self.loader, self.skip = loader, skip
 
-    def __len__(self) -> int:
-        return max(0, len(self.loader) - self.skip)
+    def __len__(self) -> int:  # an iterable without a length (an IterableDataset's loader) counts as 0 for the bar
+        try:
+            return max(0, len(self.loader) - self.skip)
+        except TypeError:
+            return 0
 
     def __iter__(self):
         return itertools.islice(iter(self.loader), self.skip, None)
@@ -349,6 +352,7 @@ class Trainer:
             if weighted:  # the part is in the gradients: its pixels count
                 update.weights.count(done[2])
             update.confusion += confusion_matrix(class_map(done[3]), part[1], self.num_classes, self.ignore_index)
+            del done  # its logits, before the next part's forward needs the memory
             if failed_at is not None:
                 largest_fit = max(largest_fit, (hi - lo) * pixels)
         return losses, weighted, None, failed_at, largest_fit
@@ -504,7 +508,7 @@ class Trainer:
             model = self.model if self.averaged is None else self.averaged
         model.eval()
         totals, confusion = zero_sums(self.num_classes, self.device)
-        for batch in self.val_loader or ():
+        for batch in () if self.val_loader is None else self.val_loader:
             image, mask, sizes = self.to_device(batch)
             with autocast(self.device, self.settings.precision):
                 logits = model(image, sizes.clone())
@@ -532,7 +536,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "sampler": self.source.state_dict(),
+            "sampler": self.source.state_dict() if hasattr(self.source, "state_dict") else {},
             "memory": self.budget.state_dict(),
             "hooks": self.hook_states(),
             "rng": rng_state(),
@@ -668,8 +672,9 @@ class Trainer:
             return ScanTooLargeError(
                 f"{self.stopped_by} Wrote {self.saved_at}; once it fits, continue with --resume {self.run_dir}"
             )
+        workers = getattr(self.source, "num_workers", 0)
         return WorkerLostError(
             f"{self.stopped_by}; wrote {self.saved_at}. If memory ran short, use fewer data.num_workers (now "
-            f"{self.source.num_workers}) or smaller batches (data.batch_size, data.max_pixels); then continue with "
+            f"{workers}) or smaller batches (data.batch_size, data.max_pixels); then continue with "
             f"--resume {self.run_dir}"
         )
