@@ -579,6 +579,7 @@ class Trainer:
         if state["scaler"]:  # empty when the checkpoint was not trained in fp16: a resume in fp16 starts a fresh scale
             self.scaler.load_state_dict(state["scaler"])
         self.budget.load_state_dict(state.get("memory"))
+        self.best_saved = float(state.get("best_metric", -math.inf))  # what a stop's last.pt records before an epoch
         saved = state.get("hooks") or {}
         for name, hook in zip(self.hook_names, self.hooks):
             if name in saved and hasattr(hook, "load_state_dict"):
