@@ -72,6 +72,32 @@ def test_resume_after_an_interrupt_mid_epoch_is_exact_too(tmp_path, monkeypatch)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_sigint_during_the_optimizer_step_waits_for_the_step_and_the_resume_is_exact(tmp_path, monkeypatch):
+    """A real SIGINT while the scheduler steps (after the weights moved, before the step is counted): held until the
+    update and its counts are whole, so last.pt counts exactly the updates its weights have."""
+    import os
+    import signal
+
+    train(tiny_config(tmp_path / "straight"))
+    real_step, calls = torch.optim.lr_scheduler.LambdaLR.step, []
+
+    def step_interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:  # the LambdaLR's first step is its construction: this is update 5, epoch 2
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.lr_scheduler.LambdaLR, "step", step_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_config(tmp_path / "cut"))
+    monkeypatch.setattr(torch.optim.lr_scheduler.LambdaLR, "step", real_step)
+    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert (saved["epoch"], saved["batches_done"], saved["step"]) == (1, 2, 5)
+    assert saved["scheduler"]["last_epoch"] == saved["step"]  # the schedule counted the step it took
+    train(tiny_config(tmp_path / "cut"), resume=tmp_path / "cut")
+    assert_same_end(tmp_path / "straight", tmp_path / "cut")
+
+
 def test_exact_resume_with_rescaled_scans_is_bit_identical_too(tmp_path):
     """data.augment.scale: factors per (seed, epoch, sample) and batches by each epoch's sizes resume exactly."""
 

@@ -372,8 +372,8 @@ class Trainer:
         return loss.detach(), None if pending is None else pending[0], pending, logits.detach()
 
     def apply_update(self, update: Update) -> None:
-        """End an update: gradients rescaled (weighted parts) and averaged across ranks, the one read, then the
-        optimizer step (or the non-finite handling), the budget lowered if any rank ran out of memory, the sums."""
+        """End an update: gradients rescaled (weighted parts) and averaged across ranks, the one read, then
+        :meth:`take_step`."""
         s = self.settings
         update.weights.rescale(self.params)
         if self.processes.world > 1:
@@ -381,6 +381,15 @@ class Trainer:
         every = s.log_every
         log = self.processes.main and (self.batches_done + update.batches) // every > self.batches_done // every
         reading = read_update(update, self.totals, self.confusion, log)
+        # The step and its counts change together: a Ctrl-C or SIGTERM in between would leave a last.pt that counts
+        # batches whose update is half applied, so it is held until both are done.
+        with interrupts_held():
+            self.take_step(update, reading)
+
+    def take_step(self, update: Update, reading) -> None:
+        """The optimizer step of an update whose read said ``reading`` (or the non-finite handling), and the counts:
+        batches done, steps, the pass's sums, the budget lowered if any rank ran out of memory."""
+        s = self.settings
         self.progress = reading.progress
         self.budget.lower(reading.proposal)
         self.batches_done += update.batches
