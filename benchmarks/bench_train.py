@@ -6,7 +6,7 @@ On synthetic well-log scans at 1/8 scale (heights 60-80, widths 400-1,600), one 
 - batch 16 in random order; batch 16 size-grouped; a pixel budget (size-grouped);
 - the share of step time spent waiting for data with 2 loader workers (pixel-budget batches);
 - the trainer itself (``srforge.train.train``, batch 1, on the same device) against the bare model's
-  forward+backward at batch 1 on the same scans with no loader: the framework's own cost (goal >= 0.85x on CPU,
+  forward+backward at batch 1 on the same scans with no loader: the framework's own cost (goal >= 0.97x on CPU,
   >= 0.9x on CUDA). On CUDA the trainer runs 2 epochs and its second (every shape already seen) is reported;
 - on CUDA, one training step at configs/welllog.yaml's budget (its data.max_pixels of 640 x 4,800 scans, its
   model and precision), with the peak GPU memory.
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
             welllog = welllog_budget_step(device)
 
-    goal_trainer = 0.9 if device.type == "cuda" else 0.85
+    goal_trainer = 0.9 if device.type == "cuda" else 0.97
     grouped = next(r for r in rows if r["strategy"] == "batch 16, size-grouped")
     print()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "CPU")
