@@ -104,7 +104,7 @@ def stepping_trainer(run_dir: Path, dataset: str, *, num_classes: int = 2, field
 
     real = pixel_budget.probe_memory
     pixel_budget.probe_memory = lambda *args, **kw: StepMemory(500.0, 0.0, "cpu", "fp32")
-    try:  # the probe is tested on its own (tests/test_memory.py): these trainers only step
+    try:  # the probe is tested on its own (tests/test_pixel_budget.py): these trainers only step
         trainer = Trainer.from_config(cfg, environment(), Path(run_dir))
     finally:
         pixel_budget.probe_memory = real
