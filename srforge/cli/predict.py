@@ -127,14 +127,12 @@ def _parser() -> argparse.ArgumentParser:
 def open_predictor(args, checkpoint):
     """The Predictor of ``checkpoint`` with the options :func:`add_model_options` added to ``args``."""
     from srforge.predict import Predictor
-    from srforge.predict.background import default_workers
-    from srforge.predict.onnx_model import is_onnx_path, onnx_threads
+    from srforge.predict.onnx_model import is_onnx_path
     from srforge.runtime.distributed import rank_device
 
     options = dict(max_pixels=args.max_pixels, overlap=args.tile_overlap, max_batch=args.max_batch, tta=args.tta)
-    if is_onnx_path(checkpoint):  # an exported model: ONNX Runtime's threads, this process's share of the CPUs
-        workers = default_workers() if getattr(args, "workers", None) is None else args.workers
-        return Predictor.from_onnx(checkpoint, threads=onnx_threads(workers), **options)
+    if is_onnx_path(checkpoint):  # an exported model: ONNX Runtime on this process's share of the CPUs
+        return Predictor.from_onnx(checkpoint, **options)
     return Predictor.from_checkpoint(
         checkpoint, allow_model=args.allow_model, device=rank_device(args.device), precision=args.precision, **options
     )

@@ -36,12 +36,11 @@ def is_onnx_path(path) -> bool:
     return Path(path).suffix.lower() == ".onnx"
 
 
-def onnx_threads(workers: int = 0) -> int:
+def onnx_threads() -> int:
     """ONNX Runtime's intra-op threads: this process's share of the CPUs (all of them, or divided among torchrun's
-    processes on the machine), as PyTorch takes them. The ``workers`` that decode
-    scans are not subtracted: they decode a scan in a fraction of the time the model takes it and then wait, and a
-    full-size scan took twice as long on one thread of two as on both (docs/performance.md)."""
-    del workers  # kept in the signature: the CLI passes them, so a rule that counts them has them
+    processes on the machine), as PyTorch takes them. Decoding workers are not subtracted: they decode a scan in a
+    fraction of the time the model takes it and then wait, and a full-size scan took twice as long on one thread of
+    two as on both (docs/performance.md)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)  # torchrun's processes on this machine share its CPUs
     return max(1, cpus // max(1, local))

@@ -348,18 +348,19 @@ class Trainer:
                     weighted, losses = True, []
                 parts[:0] = halves(lo, hi)
                 continue
-            losses.append(done[:2])
-            if weighted:  # the part is in the gradients: its pixels count
-                update.weights.count(done[2])
-            update.confusion += confusion_matrix(class_map(done[3]), part[1], self.num_classes, self.ignore_index)
-            del done  # its logits, before the next part's forward needs the memory
+            loss, pending, logits = done
+            losses.append((loss, None if pending is None else pending[0]))
+            if pending is not None:  # the weighted part is in the gradients: its pixels count
+                update.weights.count(pending)
+            update.confusion += confusion_matrix(class_map(logits), part[1], self.num_classes, self.ignore_index)
+            del done, logits  # before the next part's forward needs the memory
             if failed_at is not None:
                 largest_fit = max(largest_fit, (hi - lo) * pixels)
         return losses, weighted, None, failed_at, largest_fit
 
     def part_step(self, part: tuple, weighted: bool, update: Update) -> tuple:
         """Forward, loss and backward of one part (image, mask, sizes): the plain step. Returns (its loss,
-        detached; its valid pixels or None; the pending weight; the logits, detached)."""
+        detached; the pending (valid pixels, unit) of a weighted part, else None; the logits, detached)."""
         image, mask, sizes = part
         with no_sync(self.net):
             with autocast(self.device, self.settings.precision):
@@ -369,7 +370,7 @@ class Trainer:
             if weighted:
                 scaled, pending = update.weights.scaled(loss, mask)
             self.scaler.scale(scaled).backward()
-        return loss.detach(), None if pending is None else pending[0], pending, logits.detach()
+        return loss.detach(), pending, logits.detach()
 
     def apply_update(self, update: Update) -> None:
         """End an update: gradients rescaled (weighted parts) and averaged across ranks, the one read, then
