@@ -123,6 +123,15 @@ def folder(make_pair):
 
 
 @pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A random 3-class UNet checkpoint (predict_fixtures.random_checkpoint), one per test module; a module that
+    needs another model defines its own ``ckpt``."""
+    from predict_fixtures import random_checkpoint
+
+    return random_checkpoint(tmp_path_factory.mktemp("ckpt") / "random.pt")
+
+
+@pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A run folder after one epoch of test_cli_train's Strips (config.yaml, last.pt, best.pt, metrics), for the
     tests that tamper with a real run's checkpoint, copy it or resume it (test_trust.py, test_checkpoint.py,

@@ -40,11 +40,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return random_checkpoint(tmp_path_factory.mktemp("ckpt") / "random.pt")
-
-
 def predict(ckpt, source, out, *extra) -> int:
     args = ["--checkpoint", str(ckpt), "--input", str(source), "--output", str(out), "--no-progress"]
     return main_predict([*args, *extra])

@@ -12,7 +12,6 @@ import pytest
 from predict_fixtures import (
     members,
     one_thread,  # noqa: F401  (a fixture)
-    random_checkpoint,
     write_folder,
 )
 from test_cli_predict import predict, tmpfs
@@ -24,11 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return random_checkpoint(tmp_path_factory.mktemp("ckpt") / "random.pt")
 
 
 def test_input_and_output_that_overlap_are_refused(tmp_path, ckpt, capsys):

@@ -24,11 +24,6 @@ from srforge.predict.outputs import model_of
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return random_checkpoint(tmp_path_factory.mktemp("ckpt") / "random.pt")
-
-
 def ground_truth(h: int, w: int) -> bytes:
     """A user's mask: a complete PNG of the scan's size that srforge did not write."""
     return png(np.ones((h, w), np.uint8))

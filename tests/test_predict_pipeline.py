@@ -36,11 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return random_checkpoint(tmp_path_factory.mktemp("ckpt") / "random.pt")
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

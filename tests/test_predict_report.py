@@ -9,7 +9,6 @@ from predict_fixtures import (
     members,
     one_thread,  # noqa: F401  (a fixture)
     png,
-    random_checkpoint,
     scan,
     write_folder,
     write_tar,
@@ -20,11 +19,6 @@ from srforge.atomic import DiskFullError
 from srforge.predict import pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return random_checkpoint(tmp_path_factory.mktemp("ckpt") / "random.pt")
 
 
 def test_every_scan_is_in_the_report_whatever_the_batch_cap(tmp_path, ckpt):

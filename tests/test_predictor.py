@@ -4,17 +4,11 @@ image mode comes from the checkpoint.
 """
 
 import numpy as np
-import pytest
 import torch
 from helpers import torch_threads
 from predict_fixtures import random_checkpoint
 
 from srforge.predict.predictor import CPU_BATCH_PIXELS, ONE_THREAD_PIXELS, Predictor
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return random_checkpoint(tmp_path_factory.mktemp("ckpt") / "random.pt")
 
 
 def counting_forward(predictor: Predictor) -> list[tuple[int, int]]:
