@@ -1,0 +1,201 @@
+"""Which pixels a shape covers: polygons, lines of a width, discs and run-length bitmaps, exactly.
+
+Coordinates are in the image's continuous plane: (0, 0) is the top-left corner of the top-left pixel, x to the
+right, y down, so pixel (row r, column c) spans [c, c + 1) x [r, r + 1) and its centre is (c + 0.5, r + 0.5). A
+shape covers a pixel when it covers the pixel's centre (docs/training.md, "Labels from annotation tools"):
+
+- a polygon (one or more rings) covers a centre inside an odd number of its rings (even-odd: a ring inside another
+  is a hole); a centre exactly on an edge is covered when the inside lies to its right (or below, on a horizontal
+  edge) -- the top-left rule, under which two polygons sharing an edge never both cover a pixel;
+- a line of width w (a polyline is the union of its segments) covers a centre at distance < w / 2 from a segment,
+  and a centre at exactly w / 2 when the offset (vx, vy) from the segment's nearest point to it has vx + vy > 0, or
+  vx + vy = 0 and vx > 0 (the centre lies below or right of the line) -- a 1-px line along a pixel edge covers one
+  row or column, never two;
+- a disc of radius r is a segment of length 0 and width 2r.
+
+Every comparison is made on products of the coordinates (no square roots), so coordinates that are binary
+fractions of moderate size (integers, halves, quarters) decide every tie exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Turning what was drawn over the stored pixels into what viewers show (EXIF orientation 1-8), as functions of the
+# stored size (W, H): point (x, y) -> displayed point. The transposes of srforge.data.images.TRANSPOSES.
+TURNS = {
+    1: lambda x, y, w, h: (x, y),
+    2: lambda x, y, w, h: (w - x, y),
+    3: lambda x, y, w, h: (w - x, h - y),
+    4: lambda x, y, w, h: (x, h - y),
+    5: lambda x, y, w, h: (y, x),
+    6: lambda x, y, w, h: (h - y, x),
+    7: lambda x, y, w, h: (h - y, w - x),
+    8: lambda x, y, w, h: (y, w - x),
+}
+# The same turns of a pixel array [H, W] (numpy views).
+ARRAY_TURNS = {
+    1: lambda a: a,
+    2: lambda a: a[:, ::-1],
+    3: lambda a: a[::-1, ::-1],
+    4: lambda a: a[::-1, :],
+    5: lambda a: a.T,
+    6: lambda a: a.T[:, ::-1],
+    7: lambda a: a.T[::-1, ::-1],
+    8: lambda a: a.T[::-1, :],
+}
+
+
+def turn_points(points: np.ndarray, turn: int, stored: tuple[int, int]) -> np.ndarray:
+    """``points`` [N, 2] (x, y) over the stored pixels of an image of stored size ``stored`` (H, W), as shown under
+    EXIF orientation ``turn``: [N, 2]."""
+    x, y = TURNS[turn](points[:, 0], points[:, 1], stored[1], stored[0])
+    return np.stack([x, y], axis=1)
+
+
+def turn_array(array: np.ndarray, turn: int) -> np.ndarray:
+    """A stored pixel array [H, W] as shown under EXIF orientation ``turn`` (a contiguous copy)."""
+    return np.ascontiguousarray(ARRAY_TURNS[turn](array))
+
+
+def _window(low: float, high: float, limit: int) -> tuple[int, int]:
+    """The pixel indices [first, stop) whose centres i + 0.5 lie in [low, high), clipped to [0, limit)."""
+    first = int(np.clip(np.ceil(low - 0.5), 0, limit))
+    stop = int(np.clip(np.ceil(high - 0.5), 0, limit))
+    return first, max(first, stop)
+
+
+def polygon_cover(rings: list[np.ndarray], size: tuple[int, int]) -> tuple[int, int, np.ndarray] | None:
+    """The pixels of an image of ``size`` (H, W) the polygon ``rings`` (each [N, 2] (x, y), closed implicitly)
+    covers by the even-odd and top-left rules: (top row, left column, bool [h, w] window), or None when none.
+
+    Each edge crosses the rows whose centre line y = r + 0.5 it spans half-open ([y_low, y_high)); a crossing at x
+    toggles every pixel whose centre is at or right of it (c + 0.5 >= x), and a pixel is covered by an odd count.
+    """
+    points = np.concatenate(rings)
+    r0, r1 = _window(points[:, 1].min(), points[:, 1].max(), size[0])
+    c0, c1 = _window(points[:, 0].min(), points[:, 0].max(), size[1])
+    if r1 == r0 or c1 == c0:
+        return None
+    starts = np.concatenate(rings)
+    ends = np.concatenate([np.roll(ring, -1, axis=0) for ring in rings])
+    slanted = starts[:, 1] != ends[:, 1]
+    a, b = starts[slanted], ends[slanted]
+    low, high = np.minimum(a[:, 1], b[:, 1]), np.maximum(a[:, 1], b[:, 1])
+    first = np.clip(np.ceil(low - 0.5), r0, r1).astype(np.int64)
+    stop = np.clip(np.ceil(high - 0.5), r0, r1).astype(np.int64)
+    counts = np.maximum(stop - first, 0)
+    edge = np.repeat(np.arange(len(a)), counts)
+    row = np.repeat(first, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+    ya, xa, yb, xb = a[edge, 1], a[edge, 0], b[edge, 1], b[edge, 0]
+    x = xa + (row + 0.5 - ya) * (xb - xa) / (yb - ya)
+    column = np.clip(np.ceil(x - 0.5), c0, c1).astype(np.int64) - c0
+    toggles = np.zeros((r1 - r0, c1 - c0 + 1), np.int32)
+    np.add.at(toggles, (row - r0, column), 1)
+    cover = (np.cumsum(toggles[:, :-1], axis=1) & 1).astype(bool)
+    return r0, c0, cover
+
+
+def _tie_wins(vx: np.ndarray, vy: np.ndarray) -> np.ndarray:
+    """Where a centre at exactly the half width is covered: (vx, vy), the offset from the shape's nearest point to
+    the centre (or any positive multiple of it), has vx + vy > 0, or vx + vy = 0 and vx > 0 -- the centre lies below
+    or right of the shape, so moving it up-left would bring it inside (the top-left rule of polygons)."""
+    s = vx + vy
+    return (s > 0) | ((s == 0) & (vx > 0))
+
+
+def segment_cover(a: np.ndarray, b: np.ndarray, r2: float, size: tuple[int, int]) -> tuple[int, int, np.ndarray] | None:
+    """The pixels of an image of ``size`` (H, W) within ``sqrt(r2)`` of the segment from ``a`` to ``b`` (each
+    (x, y); a == b: a disc), ties by :func:`_tie_wins`: (top row, left column, bool [h, w] window), or None."""
+    if r2 <= 0:
+        return None
+    reach = float(np.sqrt(r2)) + 1.0  # a pixel's margin more than the half width: the tie rule decides the rest
+    r0, r1 = _window(min(a[1], b[1]) - reach, max(a[1], b[1]) + reach, size[0])
+    c0, c1 = _window(min(a[0], b[0]) - reach, max(a[0], b[0]) + reach, size[1])
+    if r1 == r0 or c1 == c0:
+        return None
+    py = (np.arange(r0, r1, dtype=np.float64) + 0.5)[:, None]
+    px = (np.arange(c0, c1, dtype=np.float64) + 0.5)[None, :]
+    dx, dy = float(b[0] - a[0]), float(b[1] - a[1])
+    length2 = dx * dx + dy * dy
+    ax, ay = px - a[0], py - a[1]  # centre - a, [h, w] by broadcasting
+    along = ax * dx + ay * dy
+    before, after = along <= 0, along >= length2
+    # Past an end the nearest point is that end; beside the segment, the foot of the perpendicular.
+    vx = np.where(before, ax, px - b[0])
+    vy = np.where(before, ay, py - b[1])
+    cap = vx * vx + vy * vy
+    cover_cap = (cap < r2) | ((cap == r2) & _tie_wins(vx, vy))
+    if length2 == 0:
+        return r0, c0, cover_cap
+    cross = dx * ay - dy * ax  # (centre - a) = t d + cross / |d|^2 (-dy, dx)
+    side = cross * cross
+    limit = r2 * length2
+    sign = np.sign(cross)
+    cover_side = (side < limit) | ((side == limit) & _tie_wins(sign * -dy, sign * dx))
+    inside = ~before & ~after
+    return r0, c0, np.where(inside, cover_side, cover_cap)
+
+
+def polyline_cover(points: np.ndarray, r2: float, size: tuple[int, int]) -> list[tuple[int, int, np.ndarray]]:
+    """The windows (top row, left column, bool [h, w]) a polyline of [N, 2] ``points`` and half width
+    ``sqrt(r2)`` covers: one a segment (one point: a disc)."""
+    if len(points) == 1:
+        points = np.concatenate([points, points])
+    found = (segment_cover(points[i], points[i + 1], r2, size) for i in range(len(points) - 1))
+    return [window for window in found if window is not None]
+
+
+def bitmap_cover(bitmap: np.ndarray, left: int, top: int, size: tuple[int, int]) -> tuple[int, int, np.ndarray] | None:
+    """A bool [h, w] ``bitmap`` whose top-left pixel is (``top``, ``left``), clipped to an image of ``size``."""
+    r0, c0 = max(top, 0), max(left, 0)
+    r1, c1 = min(top + bitmap.shape[0], size[0]), min(left + bitmap.shape[1], size[1])
+    if r1 <= r0 or c1 <= c0:
+        return None
+    return r0, c0, bitmap[r0 - top : r1 - top, c0 - left : c1 - left]
+
+
+def paint(canvas: np.ndarray, windows, value: int) -> None:
+    """Set the pixels of ``canvas`` [H, W] that the windows (top row, left column, bool [h, w]) cover to ``value``."""
+    for top, left, cover in windows:
+        view = canvas[top : top + cover.shape[0], left : left + cover.shape[1]]
+        view[cover] = value
+
+
+def runs_to_bitmap(counts: list[int], height: int, width: int, order: str) -> np.ndarray:
+    """Alternating run lengths (0s first) as a bool [height, width] bitmap, the runs along rows (``order`` "C":
+    CVAT) or down columns ("F": COCO); a ValueError when they do not add up to height x width."""
+    runs = np.asarray(counts, dtype=np.int64)
+    if runs.ndim != 1 or (runs < 0).any() or int(runs.sum()) != height * width:
+        raise ValueError(
+            f"run lengths add up to {int(runs.sum()) if runs.ndim == 1 else '?'} pixels, expected {height} x {width} "
+            f"= {height * width}"
+        )
+    values = np.arange(len(runs)) % 2 == 1
+    flat = np.repeat(values, runs)
+    return flat.reshape(width, height).T if order == "F" else flat.reshape(height, width)
+
+
+def coco_counts(text: str) -> list[int]:
+    """The run lengths of COCO's compressed RLE string: each count in 5-bit groups, least significant first, as
+    characters offset by 48 (0x20 set: more groups follow; 0x10 in the last group: negative), and every count from
+    the fourth on stored as its difference from the count two before it."""
+    counts: list[int] = []
+    value, shift = 0, 0
+    for char in text.encode("ascii"):
+        group = char - 48
+        if not 0 <= group < 64:
+            raise ValueError(f"character {chr(char)!r} is not in COCO's RLE alphabet ('0' to 'o')")
+        value |= (group & 0x1F) << shift
+        shift += 5
+        if group & 0x20:
+            continue
+        if group & 0x10:
+            value -= 1 << shift
+        if len(counts) > 2:
+            value += counts[-2]
+        counts.append(value)
+        value, shift = 0, 0
+    if shift:
+        raise ValueError("the RLE string ends inside a count")
+    return counts
