@@ -5,6 +5,11 @@ class count and ignore index of the mask check, the batching of the picture, and
 for srforge's UNet, else the ``size_divisor`` of the configured model, built on the CPU (no weights file is read).
 Without it they are the trainer's defaults.
 
+With ``--format labelme|coco|cvat`` ROOT is an annotation export (a labelme folder, COCO's JSON, CVAT's XML): every
+problem of the export is reported at once (:mod:`srforge.data.annotations.check`), the labels mapped by ``--classes``
+or by the config's dataset args (an export dataset's, else model.class_names), and ``--plot`` draws the first scans
+with their rasterised masks over them: what the model will be taught.
+
 With ``--cache PATH`` (or the config's ``data.cache``) every pair that decodes is also written into the decoded-scan
 cache (:mod:`srforge.data.cache`), with a progress bar, so that training reads even its first epoch at memory speed.
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from srforge.constants import IGNORE_INDEX
 
@@ -47,12 +53,15 @@ def main_check_data(argv=None) -> int:
     parser.add_argument(
         "--cache-max-gb", type=float, default=None, help="the cache's budget in GB (data.cache_max_gb; default none)"
     )
+    _add_export_arguments(parser)
     _add_plot_arguments(parser)
     args = parser.parse_args(argv)
     if args.num_classes is not None and args.num_classes < 1:
         parser.error(f"--num-classes must be >= 1, found {args.num_classes}")
     _check_plot_arguments(parser, args)
     _fill_from_config(parser, args)
+    if args.format:
+        return _check_export(parser, args)
     count, problems = check_folder(
         args.root,
         args.images,
@@ -69,6 +78,99 @@ def main_check_data(argv=None) -> int:
     if args.plot and not _plot_layout(args):
         return 1
     return 1 if problems else 0
+
+
+def _add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    from srforge.data.annotations import FORMATS
+
+    group = parser.add_argument_group("annotation exports (ROOT is a labelme folder, COCO's JSON or CVAT's XML)")
+    group.add_argument("--format", choices=FORMATS, help="check ROOT as this annotation export")
+    group.add_argument(
+        "--classes",
+        help="labels in class-id order, comma-separated (default: the config's dataset classes, else "
+        "model.class_names)",
+    )
+    group.add_argument("--image-root", metavar="DIR", help="the images of a COCO or CVAT export (default: beside it)")
+
+
+def _export_args(parser: argparse.ArgumentParser, args) -> dict:
+    """The label rules' args of --format: the config's export dataset args, with --classes over its classes."""
+    from srforge.config import load_config
+
+    rules: dict = {}
+    if args.config:
+        cfg = load_config(args.config)
+        if "annotations:" in str(cfg.data.dataset.class_):
+            rules = dict(cfg.data.dataset.args)
+            for key in ("root", "annotations", "transform", "cache", "image_mode"):
+                rules.pop(key, None)
+        elif cfg.model.class_names:
+            rules["classes"] = list(cfg.model.class_names)
+    if args.classes:
+        rules["classes"] = [name.strip() for name in args.classes.split(",")]
+    if not rules.get("classes"):
+        parser.error("--format: give --classes NAME,NAME,... (class-id order) or a --config that names them")
+    if args.image_root:
+        rules["images"] = args.image_root
+    return rules
+
+
+def _check_export(parser: argparse.ArgumentParser, args) -> int:
+    """check_data --format: every problem of the export, its scans drawn with their masks for --plot."""
+    from srforge.data.annotations.check import check_export
+
+    rules = _export_args(parser, args)
+    images, occluded = rules.pop("images", None), rules.pop("occluded", "draw")
+    dataset, problems = check_export(
+        args.format,
+        args.root,
+        rules,
+        images,
+        args.num_classes,
+        progress=args.cache is not None,
+        image_mode=args.image_mode,
+        cache=_open_cache(parser, args),
+        occluded=occluded,
+    )
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    count = len(dataset) if dataset is not None else 0
+    print(f"{args.root}: {count} annotated scans checked, {len(problems)} problem(s)")
+    if args.plot and not _plot_masks(dataset, args):
+        return 1
+    return 1 if problems else 0
+
+
+def _plot_masks(dataset, args) -> bool:
+    """Write the --plot picture of an export: its first --plot-batches scans that read, each with its mask drawn
+    over it, one under another; False (the reason on stderr) when none reads or the file cannot be written."""
+    import numpy as np
+
+    from srforge.data.images import DataError
+    from srforge.predict.outputs import draw_overlay, write_png
+
+    shown = []
+    for index in range(len(dataset) if dataset is not None else 0):
+        try:
+            entry = dataset.load(index)
+        except DataError:
+            continue  # reported above
+        classes = max(2, max(dataset.rules.classes.values()) + 1)
+        shown.append(draw_overlay(entry.image, entry.mask.long(), classes).permute(1, 2, 0).numpy())
+        if len(shown) == args.plot_batches:
+            break
+    if not shown:
+        print(f"check_data: cannot draw {args.plot}: no scan of {args.root} reads", file=sys.stderr)
+        return False
+    width = max(p.shape[1] for p in shown)
+    rows = [np.pad(p, ((0, 4), (0, width - p.shape[1]), (0, 0)), constant_values=255) for p in shown]
+    try:
+        write_png(Path(args.plot), np.concatenate(rows), "RGB")
+    except OSError as exc:
+        print(f"check_data: cannot write {args.plot}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    print(f"wrote {args.plot}: {len(shown)} scan(s) with their masks")
+    return True
 
 
 def _open_cache(parser: argparse.ArgumentParser, args):
