@@ -18,6 +18,9 @@ _EPILOG = """\
 modes:
   --checkpoint CKPT --input DATA      predict DATA (a labelled folder ROOT/images + ROOT/masks, or a .zip / .tar
                                       of one) as srforge-predict does, then score; --compare CKPT_B a second model
+  --labels PATH --format F            instead of --input or --masks: true masks drawn from an annotation export
+                                      (F: labelme folder, coco JSON, cvat XML; classes in the model's order, or
+                                      --classes; --image-root DIR: a COCO or CVAT export's images)
   --predictions DIR --masks DIR       score existing predicted masks (srforge-predict's output folder or any
                                       folder of masks, matched by relative path and stem); a second
                                       --predictions DIR is compared with the first
@@ -49,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare", metavar="CKPT_B", help="a second checkpoint scored on the same scans")
     parser.add_argument("--predictions", action="append", default=[], help="folder of predicted masks (twice: compare)")
     parser.add_argument("--masks", help="true masks for --predictions: a masks folder, or a root with images/ masks/")
+    parser.add_argument("--labels", metavar="PATH", help="true masks from an annotation export (with --format)")
+    parser.add_argument("--format", choices=("labelme", "coco", "cvat"), help="the format of --labels")
+    parser.add_argument("--image-root", metavar="DIR", help="--labels: a COCO or CVAT export's images folder")
     parser.add_argument(
         "--classes",
         help="--predictions mode: class names, comma-separated (default: the names in "
@@ -73,10 +79,17 @@ def _parser() -> argparse.ArgumentParser:
 def _mode_error(args) -> str | None:
     if bool(args.checkpoint) == bool(args.predictions):
         return "give either --checkpoint CKPT --input DATA or --predictions DIR --masks DIR"
-    if args.checkpoint and (not args.input or args.masks or args.classes):
-        return "--checkpoint needs --input DATA (a labelled folder or archive), and takes no --masks or --classes"
-    if args.predictions and (not args.masks or args.input or args.compare or len(args.predictions) > 2):
-        return "--predictions DIR (at most twice) needs --masks DIR, and takes no --input or --compare"
+    if bool(args.labels) != bool(args.format) or (args.image_root and not args.labels):
+        return "--labels PATH needs --format labelme|coco|cvat (and --format, --image-root need --labels)"
+    if args.checkpoint and (bool(args.input) == bool(args.labels) or args.masks or args.classes):
+        return (
+            "--checkpoint needs --input DATA (a labelled folder or archive) or --labels PATH --format F, and takes "
+            "no --masks or --classes"
+        )
+    if args.predictions and (
+        bool(args.masks) == bool(args.labels) or args.input or args.compare or len(args.predictions) > 2
+    ):
+        return "--predictions DIR (at most twice) needs --masks DIR or --labels PATH, and takes no --input or --compare"
     return None
 
 
@@ -84,7 +97,7 @@ def _default_output(args) -> Path:
     if args.output:
         return Path(args.output)
     if args.checkpoint:
-        name = Path(args.input).name.split(".")[0] or "data"
+        name = Path(args.input or args.labels).name.split(".")[0] or "data"
         return Path(args.checkpoint).parent / f"evaluate-{name}"
     first = Path(args.predictions[0])
     return first.parent / f"{first.name}-evaluate"
@@ -99,8 +112,11 @@ def _checkpoint_models(args, out: Path):
     from srforge.predict.onnx_model import is_onnx_path
     from srforge.runtime.checkpoint import load_checkpoint
 
-    data = Path(args.input)
-    check_input(data)
+    data = Path(args.input or args.labels)
+    if args.input:
+        check_input(data)
+    elif not data.exists():
+        raise FileNotFoundError(f"--labels {data}: no such file or folder")
     check_evaluation_output(out, [data])
     models = []
     for name, path in (("A", args.checkpoint), ("B", args.compare)):
@@ -117,9 +133,16 @@ def _checkpoint_models(args, out: Path):
         ignore = _ignore_index(args.ignore_index, len(names[0]))
     else:
         ignore = load_checkpoint(args.checkpoint).get("ignore_index", IGNORE_INDEX)
-    truths = LabelledArchive(data)
+    truths = _export_truths(args, names[0], ignore) if args.labels else LabelledArchive(data)
     scorer = Scorer(names[0], ignore, args.tolerance, models[0]["predictor"].device, args.max_pixels)
     return truths, models, scorer
+
+
+def _export_truths(args, classes: list[str], ignore: int):
+    """The true masks of --labels PATH --format F, drawn with ``classes`` in id order."""
+    from srforge.evaluate.inputs import ExportTruths
+
+    return ExportTruths(Path(args.labels), args.format, classes, ignore, args.image_root)
 
 
 def _class_names(args, folder: Path) -> list[str]:
@@ -148,8 +171,8 @@ def _prediction_models(args, out: Path):
     from srforge.runtime.distributed import rank_device
 
     folders = [Path(p) for p in args.predictions]
-    check_evaluation_output(out, [*folders, Path(args.masks)])
-    truths = MaskFolder(Path(args.masks))
+    check_evaluation_output(out, [*folders, Path(args.masks or args.labels)])
+    truths = None if args.labels else MaskFolder(Path(args.masks))
     models = []
     for name, folder in zip(("A", "B"), folders):
         predictions = Predictions(folder)
@@ -158,6 +181,7 @@ def _prediction_models(args, out: Path):
     device = resolve_device(rank_device(args.device))
     names = _class_names(args, folders[0])
     ignore = _ignore_index(args.ignore_index, len(names))
+    truths = truths or _export_truths(args, names, ignore)
     scorer = Scorer(names, ignore, args.tolerance, device, args.max_pixels)
     return truths, models, scorer
 
@@ -244,7 +268,7 @@ def _evaluate(args) -> int:
         "worst": args.worst,
         "workers": default_workers() if args.workers is None else args.workers,
         "progress": not args.no_progress,
-        "data": args.input or args.masks,
+        "data": args.input or args.masks or args.labels,
         "options": options,
     }
     try:

@@ -8,6 +8,7 @@ an error row, never skipped in silence.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterable
 from concurrent.futures import Executor
@@ -191,6 +192,67 @@ class MaskFolder:
 
     def close(self) -> None:
         pass
+
+
+class ExportTruths:
+    """True masks from an annotation export (labelme folder, COCO JSON, CVAT XML: ``fmt``), rasterised by the
+    class names ``classes`` (their order is the ids') with ``ignore_index`` for ignored labels; the interface of
+    :class:`LabelledArchive` (``images`` for checkpoint mode: the export's image files, which must then lie in one
+    folder and carry their scans' names). ``options``: the dataset's other args (ignore, line_width, ...)."""
+
+    def __init__(self, path: Path, fmt: str, classes: list[str], ignore_index: int, images=None, **options):
+        from srforge.data.annotations import open_export
+
+        self.path = Path(path)
+        self.dataset = open_export(fmt, self.path, list(classes), images, ignore_index=ignore_index, **options)
+        self.names, self.unpaired = sorted(self.dataset.names), {}
+        self.index = {name: i for i, name in enumerate(self.dataset.names)}
+        self._images: ImageView | None = None
+
+    @property
+    def images(self) -> ImageView:
+        """The export's scans as a read-only archive for predict_archive: their common folder, with every scan's image
+        named by the scan (a DataError naming one that is not, or an image embedded in its JSON)."""
+        if self._images is None:
+            self._images = export_images(self.dataset)
+        return self._images
+
+    def label(self, name: str) -> str:
+        scan = self.dataset.scans[self.index[name]]
+        return f"{scan.file}: {name}"
+
+    def read(self, names: list[str], pool: Executor) -> dict[str, torch.Tensor | Exception]:
+        return dict(zip(names, pool.map(lambda n: _attempt(self.dataset.read_mask, self.index[n]), names)))
+
+    def image(self, name: str) -> torch.Tensor | None:
+        result = _attempt(self.dataset.read_image, self.index[name])
+        return result if isinstance(result, torch.Tensor) else None
+
+    def close(self) -> None:
+        if self._images is not None:
+            self._images.close()
+
+
+def export_images(dataset) -> ImageView:
+    """An :class:`ImageView` of the image files of an export's dataset: the folder that holds them all, each image
+    at ``<scan name>.<suffix>`` there (what srforge-predict names its output by); a DataError otherwise."""
+    scans = dataset.scans
+    embedded = [s.file for s in scans if s.image is None]
+    if embedded:
+        raise DataError(
+            f"{embedded[0]}: its image is embedded (imageData), which checkpoint mode cannot predict from a folder; "
+            "predict the images with srforge-predict and score with --predictions DIR --labels ..."
+        )
+    folder = Path(os.path.commonpath([str(s.image.parent.absolute()) for s in scans])) if scans else Path(".")
+    named = [s for s in scans if scan_stem(s.image.absolute().relative_to(folder)) != s.name]
+    if named:
+        raise DataError(
+            f"{named[0].file}: scan {named[0].name!r} has its image at {named[0].image}, not at "
+            f"{folder}/{named[0].name}.<suffix>; predict with srforge-predict and score with --predictions DIR --labels"
+        )
+    view = ImageView(ScanArchive(folder), "", set(dataset.names))
+    view.rejected = []  # the export's own files (JSON, XML) and other images are no scans of it
+    return view
 
 
 class Predictions:
