@@ -183,7 +183,7 @@ def check_points(points, where: str) -> np.ndarray:
     if not np.isfinite(array).all() or np.abs(array).max() > MAX_COORDINATE:
         worst = array[~np.isfinite(array)] if not np.isfinite(array).all() else array[np.abs(array).argmax() // 2]
         raise ValueError(
-            f"{where}: coordinate {worst.ravel()[0]!r} is not a pixel position of any image (expected finite "
+            f"{where}: coordinate {float(worst.ravel()[0]):g} is not a pixel position of any image (expected finite "
             f"values within +-{MAX_COORDINATE:,.0f})"
         )
     return array
