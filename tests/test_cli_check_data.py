@@ -88,3 +88,46 @@ def test_check_data_takes_the_divisor_from_the_configured_model(tmp_path, monkey
     assert seen[-1]["divisor"] == 4 and seen[-1]["batch_size"] == 3 and out.is_file()
     assert main_check_data([str(root), "--config", str(config), "--plot", str(out), "--divisor", "8"]) == 0
     assert seen[-1]["divisor"] == 8
+
+
+def test_check_data_reports_every_problem_of_an_export_at_once_and_plots_its_masks(tmp_path, capsys):
+    import json
+
+    from annotation_exports import CLASSES, write_coco, write_labelme
+
+    classes = ",".join(CLASSES)
+    root = write_labelme(tmp_path / "lm")
+    assert (
+        main_check_data([str(root), "--format", "labelme", "--classes", classes, "--plot", str(tmp_path / "p.png")])
+        == 0
+    )
+    assert (tmp_path / "p.png").is_file() and "2 annotated scans checked, 0 problem(s)" in capsys.readouterr().out
+    coco = write_coco(tmp_path / "coco")
+    doc = json.loads(coco.read_text())
+    doc["images"].append({"id": 3, "file_name": "a.png", "height": 12, "width": 16})
+    doc["images"].append({"id": 4, "file_name": "gone.png", "height": 5, "width": 5})
+    doc["images"][1]["width"] = 15
+    doc["categories"].append({"id": 9, "name": "weird"})
+    more = [
+        [1, 1, [[0, 0, 4, 4, 8, 8]]],
+        [7, 1, [[0, 0, 4, 0, 4, 4]]],
+        [1, 9, [[0, 0, 4, 0, 4, 4]]],
+        [1, 1, [[0, 0, 99, 0, 4, 4]]],
+    ]
+    doc["annotations"] += [
+        {"id": 20 + i, "image_id": im, "category_id": c, "segmentation": s} for i, (im, c, s) in enumerate(more)
+    ]
+    coco.write_text(json.dumps(doc))
+    assert main_check_data([str(coco), "--format", "coco", "--classes", classes]) == 1
+    err = capsys.readouterr().err
+    for expected in [
+        "image 'a.png' is listed twice (ids 1 and 3)",
+        "image 'gone.png' (id 4): no file at",
+        "annotation 5 (id 21) points at image id 7, which the file does not list",
+        "annotation 6 (id 22, 'weird'): label 'weird' is no class",
+        "annotation 4 (id 20, 'region'): degenerate polygon: 3 point(s), area 0",
+        "annotation 7 (id 23, 'region'): point (99, 0) is outside the 16 x 12 (W x H) image",
+        "states image 'b' is 10 x 15 (H x W) but",
+    ]:
+        assert expected in err, expected
+    assert main_check_data([str(coco), "--format", "coco"]) == 2  # no classes: a usage error
