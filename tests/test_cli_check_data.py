@@ -130,4 +130,6 @@ def test_check_data_reports_every_problem_of_an_export_at_once_and_plots_its_mas
         "states image 'b' is 10 x 15 (H x W) but",
     ]:
         assert expected in err, expected
-    assert main_check_data([str(coco), "--format", "coco"]) == 2  # no classes: a usage error
+    with pytest.raises(SystemExit) as stop:  # no classes: a usage error
+        main_check_data([str(coco), "--format", "coco"])
+    assert stop.value.code == 2 and "give --classes" in capsys.readouterr().err
