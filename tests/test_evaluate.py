@@ -256,3 +256,42 @@ def test_repeated_class_names_and_an_ignore_index_that_is_a_class_or_no_mask_val
         err = capsys.readouterr().err
         assert f"--ignore-index {value}: expected a mask value from 3 to 255" in err and "Traceback" not in err
     assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def _coco_of(data: Path, tmp: Path) -> tuple[Path, Path]:
+    """The labelled folder ``data`` as a COCO export (each class an uncompressed RLE) and as a mask folder of the
+    same masks (ignored pixels as background: COCO has no ignore); (the JSON, the folder)."""
+    from annotation_exports import runs
+
+    images, annotations, folder = [], [], tmp / "folder"
+    for i, path in enumerate(sorted((data / "images").rglob("*.png"))):
+        name = path.relative_to(data / "images").as_posix()
+        mask = np.asarray(Image.open(data / "masks" / name)).copy()
+        mask[mask == 255] = 0
+        write(folder / "images" / name, np.asarray(Image.open(path)))
+        write(folder / "masks" / name, mask)
+        images.append({"id": i, "file_name": name, "height": mask.shape[0], "width": mask.shape[1]})
+        for c in (1, 2):
+            rle = {"counts": runs((mask == c).T.ravel()), "size": list(mask.shape)}
+            annotations.append({"id": len(annotations), "image_id": i, "category_id": c, "segmentation": rle})
+    categories = [{"id": 1, "name": "ink"}, {"id": 2, "name": "margin"}]
+    path = tmp / "instances.json"
+    path.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))
+    return path, folder
+
+
+def test_an_annotation_export_scores_as_its_mask_folder_in_both_modes(tmp_path, ckpt, data, capsys):
+    coco, folder = _coco_of(data, tmp_path)
+    labels = ["--labels", coco, "--format", "coco", "--image-root", folder / "images"]
+    assert evaluate("--checkpoint", ckpt, "--input", folder, "--output", tmp_path / "masks") == 0
+    assert evaluate("--checkpoint", ckpt, *labels, "--output", tmp_path / "coco") == 0
+    expected = metrics(tmp_path / "masks")["models"][0]["results"]["micro"]
+    assert metrics(tmp_path / "coco")["models"][0]["results"]["micro"] == expected
+    predictions = tmp_path / "masks" / "predictions"
+    assert evaluate("--predictions", predictions, *labels, "--output", tmp_path / "pred") == 0
+    assert metrics(tmp_path / "pred")["models"][0]["results"]["micro"] == expected
+    assert evaluate("--predictions", predictions, "--labels", coco, "--output", tmp_path / "x") == 2
+    assert "--labels PATH needs --format" in capsys.readouterr().err
+    coco.write_text(coco.read_text()[:-40])
+    assert evaluate("--predictions", predictions, *labels, "--output", tmp_path / "bad") == 2
+    assert f"{coco}: cannot read as COCO JSON" in capsys.readouterr().err
