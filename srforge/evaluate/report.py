@@ -1,13 +1,20 @@
 """What an evaluation writes: metrics.json (every aggregate), scans.csv (one row a scan) and report.html, one page
-that works offline from the file system: CSS and script inline, the worst scans' pictures inline (shrunk to the
-page when wider), each beside a link to its full-size picture in pictures/.
+that works offline from the file system (CSS and script inline, srforge.evaluate.report_assets), beside the
+full-size pictures in pictures/. The page, top to bottom:
 
-    summary        micro and macro figures of each model (and the difference with --compare)
-    per class      IoU, Dice, precision, recall, tolerance F1 per class, micro
-    confusion      pooled counts, rows true, columns predicted
-    width thirds   micro and macro by the narrowest, middle and widest third of the scans
-    scans          one row a scan, sorted by clicking any column header (again: the other way)
-    worst N        the N scans of lowest primary figure (srforge.evaluate.metrics.primary), pictured
+    headline       the figures that matter, micro, three decimals, the definition on hover: IoU and tolerance F1
+                   of each foreground class, pixel accuracy; with --compare B beside A, and on how many scans
+                   B is better than A, with the median per-scan difference
+    plots          the primary figure per scan against width and against height, its histogram, precision and
+                   recall per class; with --compare the primary figure of A against B, one mark per scan
+    tables         per class and per width third, micro and macro side by side; the confusion matrix
+    scans          one row a scan, failed scans first, then worst first; sorted by a header click, filtered by
+                   name, status and a threshold on a figure; a row opens the scan's picture
+    worst N        the N scans of lowest primary figure (srforge.evaluate.metrics.primary): the scan and its
+                   errors as a strip at the page's width, a click opens it at full resolution to zoom and pan
+
+The scan table, the plots and the viewer are drawn by the page's script from one JSON block, so that the page of
+10,000 scans stays small and quick to open; every name is put into the page as text, never as markup.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import io
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -26,6 +34,7 @@ from urllib.parse import quote
 from srforge.atomic import atomic_write_text
 from srforge.evaluate.aggregate import json_safe
 from srforge.evaluate.pictures import LEGEND
+from srforge.evaluate.report_assets import SCRIPT, STYLE
 from srforge.predict.report import printable
 
 # The first bytes of each file srforge-evaluate writes: how a rerun tells its own files from someone else's.
@@ -101,120 +110,361 @@ def png_data_uri(data: bytes) -> str:
 
 
 # -- the page ---------------------------------------------------------------------------------------------
-STYLE = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:1250px}
-table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:2px 6px;text-align:right}
-th{background:#eee}td:first-child,th:first-child{text-align:left}
-table.sortable th{cursor:pointer;user-select:none}table.sortable th[data-order=asc]::after{content:" \\25B2"}
-table.sortable th[data-order=desc]::after{content:" \\25BC"}.scroll{overflow-x:auto}
-figure{margin:0 0 1.5em}img{max-width:100%;image-rendering:pixelated;border:1px solid #ccc}
-.key span{display:inline-block;width:1em;height:1em;margin:0 .3em 0 1em;vertical-align:middle}
-"""
-SCRIPT = """
-document.querySelectorAll("table.sortable").forEach(function (table) {
-  table.querySelectorAll("th").forEach(function (th, col) {
-    th.addEventListener("click", function () {
-      var asc = th.dataset.order !== "asc", num = th.dataset.type === "num", body = table.tBodies[0];
-      table.querySelectorAll("th").forEach(function (h) { delete h.dataset.order; });
-      th.dataset.order = asc ? "asc" : "desc";
-      function key(tr) { var t = tr.cells[col].textContent; return num ? (t === "" ? NaN : parseFloat(t)) : t; }
-      var rows = Array.prototype.slice.call(body.rows);
-      rows.sort(function (a, b) {
-        var x = key(a), y = key(b);
-        if (num) {
-          if (isNaN(x) || isNaN(y)) { return isNaN(x) - isNaN(y); }
-          return asc ? x - y : y - x;
-        }
-        return asc ? x.localeCompare(y) : y.localeCompare(x);
-      });
-      rows.forEach(function (tr) { body.appendChild(tr); });
-    });
-  });
-});
-"""
+LABELS = {
+    "pixel_accuracy": "pixel accuracy",
+    "mean_iou_with_bg": "mean IoU",
+    "mean_iou_without_bg": "mean IoU (foreground)",
+    "mean_dice_without_bg": "mean Dice (foreground)",
+    "mean_precision_without_bg": "mean precision (foreground)",
+    "mean_recall_without_bg": "mean recall (foreground)",
+    "mean_tol_f1_with_bg": "mean tolerance F1",
+    "mean_tol_f1_without_bg": "mean tolerance F1 (foreground)",
+    "false_positive_px": "false positive px",
+    "false_negative_px": "false negative px",
+    "iou": "IoU",
+    "dice": "Dice",
+    "precision": "precision",
+    "recall": "recall",
+    "tol_f1": "tolerance F1",
+    "difference": "B \u2212 A",
+}
+# What each figure is, shown on hover: a reader should never have to guess which IoU this is.
+DEFINITIONS = {
+    "pixel_accuracy": "labelled pixels given their true class / all labelled pixels (ignored pixels left out)",
+    "iou": "intersection over union: pixels predicted C and truly C / pixels predicted C or truly C",
+    "dice": "2 x pixels predicted C and truly C / (pixels predicted C + pixels truly C)",
+    "precision": "pixels predicted C that are truly C / pixels predicted C",
+    "recall": "pixels truly C that are predicted C / pixels truly C",
+    "tol_f1": "F1 of tolerance precision (predicted C pixels within {t} px of a true C pixel / predicted C pixels) "
+    "and tolerance recall (true C pixels within {t} px of a predicted C pixel / true C pixels)",
+    "false_positive_px": "pixels predicted a foreground class that truly are another class",
+    "false_negative_px": "true foreground pixels given another class",
+    "difference": "B's figure minus A's on this scan: above 0, B is better",
+    "micro": "micro: pixels pooled over all scans, so wide scans weigh most",
+    "macro": "macro: the mean over scans of each scan's figure (a scan where the class is absent from both masks "
+    "left out), every scan weighing alike",
+}
+TABLE_FIGURES = ("pixel_accuracy", "mean_iou_without_bg", "mean_dice_without_bg", "mean_tol_f1_without_bg")
 
 
-def table_html(header: list[str], rows: list[list], sortable: bool = False, numeric: set[str] = frozenset()) -> str:
-    """A <table>: ``header`` cells, then one <tr> per row (values formatted by _cell, text escaped)."""
-    heads = "".join(f"<th{' data-type=num' if h in numeric else ''}>{html.escape(printable(h))}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(printable(_cell(v)))}</td>" for v in row) + "</tr>\n" for row in rows
+def label(key: str) -> str:
+    """A figure's name for people (``mean_iou_without_bg`` -> ``mean IoU (foreground)``)."""
+    return LABELS.get(key, key.replace("_", " "))
+
+
+def definition(key: str, tolerance: int) -> str:
+    """What figure ``key`` is, for a hover: a mean names what it averages ('' for a key without a definition)."""
+    base, mean, which = key, "", ""
+    if key.startswith("mean_"):
+        base, mean = key[len("mean_") :], "the mean over classes of "
+    for end, note in (("_without_bg", " (class 0, the background, left out)"), ("_with_bg", "")):
+        if base.endswith(end):
+            base, which = base[: -len(end)], note
+            break
+    found = DEFINITIONS.get(base)
+    return (mean + found + which).format(t=tolerance) if found else ""
+
+
+def three(value) -> str:
+    """A figure as the page shows it: three decimals, an undefined one (None, NaN) as a dash."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "\u2013"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def text(value) -> str:
+    """Any text for the page, escaped (names that are not UTF-8 shown with \\xNN escapes)."""
+    return html.escape(printable(str(value)))
+
+
+def foreground(class_names) -> list[str]:
+    """The classes whose figures the headline shows: all but the background (class 0), or the only one."""
+    return list(class_names[1:]) if len(class_names) > 1 else list(class_names)
+
+
+def card(title: str, hover: str, figure: str, name: str, values: list) -> str:
+    """One headline figure: A's value large (three decimals), then B's with the difference B - A when given.
+    ``figure`` and ``name`` (the class, or '') mark it for a reader of the page's markup (and its tests)."""
+    a = values[0]
+    marks = f'data-figure="{text(figure)}" data-class="{text(name)}"'
+    out = f'<div class="card"><span class="label" title="{text(hover)}">{text(title)}</span>'
+    out += f'<span class="num" data-model="A" {marks}>{three(a)}</span>'
+    if len(values) > 1:
+        b = values[1]
+        diff = b - a if isinstance(a, float) and isinstance(b, float) else math.nan
+        kind = "better" if diff > 0 else "worse" if diff < 0 else ""
+        out += f'<span class="b">B <span data-model="B" {marks}>{three(b)}</span> '
+        out += f'<span class="{kind}">{"+" if diff > 0 else ""}{three(diff)}</span></span>'
+    return out + "</div>"
+
+
+def verdict(table: list[dict], primary: str) -> str:
+    """With two models: on how many scans B's primary figure beats A's, and the median difference B - A."""
+    diffs = [row["difference"] for row in table if not math.isnan(row.get("difference", math.nan))]
+    if not diffs:
+        return '<p class="verdict" id="verdict">No scan was scored for both models.</p>'
+    better, worse = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    median = statistics.median(diffs)
+    return (
+        f'<p class="verdict" id="verdict">B is better on <b id="b-better">{better}</b> of {len(diffs)} scans, A on '
+        f'<b id="a-better">{worse}</b>, {len(diffs) - better - worse} equal; the median difference of '
+        f'{text(label(primary))} (B \u2212 A) is <b id="median" class="{"better" if median > 0 else "worse"}">'
+        f"{'+' if median > 0 else ''}{median:.3f}</b>.</p>"
     )
-    kind = ' class="sortable" id="scans"' if sortable else ""
-    return f'<div class="scroll"><table{kind}><thead><tr>{heads}</tr></thead><tbody>\n{body}</tbody></table></div>'
 
 
-def summary_html(models: list[dict]) -> str:
+def headline_html(document: dict, table: list[dict]) -> str:
+    """The cards of the figures that matter (micro) and, with two models, the verdict."""
+    models, tolerance = document["models"], document["options"]["tolerance"]
+    found = [model["results"]["micro"] for model in models]
+    cards = []
+    for name in foreground(document["classes"]):
+        for figure in ("iou", "tol_f1"):
+            hover = f"{definition(figure, tolerance)}; {DEFINITIONS['micro']}"
+            values = [f["per_class"][figure][name] if f.get("per_class") else None for f in found]
+            cards.append(card(f"{label(figure)} \u00b7 {name}", hover, figure, name, values))
+    hover = f"{definition('pixel_accuracy', tolerance)}; {DEFINITIONS['micro']}"
+    cards.append(card("pixel accuracy", hover, "pixel_accuracy", "", [f.get("pixel_accuracy") for f in found]))
+    counts = " \u00b7 ".join(
+        f"{m['name']}: {m['results']['scored']} scans scored, {m['results']['failed']} failed" for m in models
+    )
+    out = f'<div class="headline">{"".join(cards)}</div><p>{text(counts)}</p>'
+    return out + (verdict(table, document["primary"]) if len(models) > 1 else "")
+
+
+def figure_table(header: list[tuple[str, str]], groups: list[str], rows: list[list]) -> str:
+    """A <table> whose figures are each given micro and macro (two header rows): ``header`` (label, hover) of
+    the first columns, then of each figure in ``groups``; cells escaped, figures with three decimals."""
+    first = "".join(f'<th rowspan=2 title="{text(hover)}">{text(name)}</th>' for name, hover in header)
+    spans = "".join(f'<th colspan=2 title="{text(hover)}">{text(name)}</th>' for name, hover in groups)
+    kinds = "".join(f'<th title="{text(DEFINITIONS[k])}">{k}</th>' for _ in groups for k in ("micro", "macro"))
+    body = "".join("<tr>" + "".join(f"<td>{text(three(v))}</td>" for v in row) + "</tr>\n" for row in rows)
+    return f"<table><thead><tr>{first}{spans}</tr><tr>{kinds}</tr></thead><tbody>\n{body}</tbody></table>"
+
+
+def classes_html(models: list[dict], class_names, tolerance: int) -> str:
+    """One row a class (and model), its figures micro and macro side by side."""
+    prefix = [("class", "")] + ([("model", "")] if len(models) > 1 else [])
+    groups = [(label(f), definition(f, tolerance)) for f in CLASS_COLUMNS]
     rows = []
-    for model in models:
-        for kind in ("micro", "macro"):
-            rows.append([f"{model['name']} {kind}", *(model["results"][kind].get(key) for key in SUMMARY)])
-    return table_html(["", *SUMMARY], rows)
+    for name in class_names:
+        for model in models:
+            found = [model["results"][kind].get("per_class", {}) for kind in ("micro", "macro")]
+            values = [r.get(f, {}).get(name) for f in CLASS_COLUMNS for r in found]
+            rows.append([name, *([model["name"]] if len(models) > 1 else []), *values])
+    return figure_table(prefix, groups, rows)
 
 
-def classes_html(model: dict, class_names) -> str:
-    found = model["results"]["micro"]["per_class"]
-    rows = [[name, *(found[figure][name] for figure in CLASS_COLUMNS)] for name in class_names]
-    return table_html(["class", *CLASS_COLUMNS], rows)
+def thirds_html(models: list[dict], tolerance: int) -> str:
+    """One row a width third (and model): scans, widths, and the summary figures micro and macro."""
+    prefix = [("width third", ""), *([("model", "")] if len(models) > 1 else []), ("scans", ""), ("widths", "px")]
+    groups = [(label(f), definition(f, tolerance)) for f in TABLE_FIGURES]
+    rows = []
+    for t in range(3):
+        for model in models:
+            third = model["results"]["by_width_third"][t]
+            widths = "\u2013".join(map(str, third["widths"])) if third["widths"] else ""
+            values = [third[kind].get(f) for f in TABLE_FIGURES for kind in ("micro", "macro")]
+            which = [model["name"]] if len(models) > 1 else []
+            rows.append([third["third"], *which, third["scans"], widths, *values])
+    return figure_table(prefix, groups, rows)
 
 
 def confusion_html(model: dict, class_names) -> str:
+    """Pooled pixel counts, rows the true class, columns the predicted one."""
     matrix = model["results"]["micro"]["confusion_matrix"]
-    rows = [[f"true {name}", *counts] for name, counts in zip(class_names, matrix)]
-    return table_html(["", *(f"predicted {name}" for name in class_names)], rows)
+    heads = "".join(f"<th>predicted {text(name)}</th>" for name in class_names)
+    body = "".join(
+        f"<tr><th>true {text(name)}</th>" + "".join(f"<td>{n}</td>" for n in counts) + "</tr>"
+        for name, counts in zip(class_names, matrix)
+    )
+    return f"<table><thead><tr><th></th>{heads}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def thirds_html(model: dict) -> str:
-    rows = []
-    for third in model["results"]["by_width_third"]:
-        widths = "-".join(map(str, third["widths"])) if third["widths"] else ""
-        for kind in ("micro", "macro"):
-            rows.append([f"{third['third']} {kind}", third["scans"], widths, *(third[kind].get(k) for k in SUMMARY)])
-    return table_html(["", "scans", "widths (px)", *SUMMARY], rows)
+def page_columns(class_names, primary: str, compare: bool, tolerance: int) -> list[dict[str, Any]]:
+    """The scan table's columns on the page (scans.csv has them all): the primary figure first, each foreground
+    class's IoU when there are several, then the rest of what tells a good scan from a bad one."""
+    keys = ["name", "status", "height", "width", primary]
+    fg = foreground(class_names)
+    keys += [f"iou_{name}" for name in fg] if len(fg) > 1 else []
+    keys += [primary.replace("iou", "tol_f1"), "pixel_accuracy", "false_positive_px", "false_negative_px"]
+    keys += [f"{SUMMARY[2]}_b", "difference"] if compare else []
+    columns = []
+    for key in [*keys, "error"]:
+        if key.startswith("iou_"):
+            name, title = f"IoU {key[4:]}", definition("iou", tolerance)
+        elif key.endswith("_b"):
+            name, title = f"B: {label(primary)}", definition(primary, tolerance)
+        else:
+            name, title = label(key), definition(key, tolerance)
+        columns.append({"key": key, "label": name, "title": title, "num": key not in ("name", "status", "error")})
+    return columns
 
 
-def worst_html(pictures: list[dict]) -> str:
-    """Figures of the worst scans: each picture shown (inline) beside a link to its full-size file."""
-    key = "".join(f'<span style="background:rgb{c}"></span>{html.escape(n)}' for n, c in LEGEND.items())
-    parts = [f'<p class="key">{key}</p>']
+def page_order(table: list[dict], primary: str) -> list[dict]:
+    """The scan table as the page first shows it: failed scans first, then worst first (by B - A with two
+    models), undefined figures last, ties by name."""
+    key = "difference" if table and "difference" in table[0] else primary
+
+    def rank(row):
+        value = row.get(key)
+        undefined = not isinstance(value, (int, float)) or math.isnan(value)
+        return (row["status"] == "ok", undefined, 0.0 if undefined else value, printable(row["name"]))
+
+    return sorted(table, key=rank)
+
+
+def cell(value):
+    """A table value for the page's JSON: figures to 6 decimals (the page shows 3), NaN as null, names printable."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else round(value, 6)
+    return printable(value) if isinstance(value, str) else value
+
+
+def page_data(document: dict, table: list[dict], pictures: list[dict], sources: dict) -> dict[str, Any]:
+    """What the page's script draws from: columns, rows, the pictures and source files by scan, precision and
+    recall per class."""
+    primary, tolerance = document["primary"], document["options"]["tolerance"]
+    models = document["models"]
+    columns = page_columns(document["classes"], primary, len(models) > 1, tolerance)
+    rows = [[cell(row.get(c["key"])) for c in columns] for row in page_order(table, primary)]
+    shots: dict[str, list] = {}
     for shot in pictures:
-        caption = html.escape(printable(shot["caption"]))
+        if "note" not in shot:
+            entry = {key: shot[key] for key in ("model", "width", "height")}
+            entry["file"] = link(shot["file"])
+            shots.setdefault(printable(shot["name"]), []).append(entry)
+    pr = [
+        {"label": name + (f" ({m['name']})" if len(models) > 1 else ""), **{f: cell(found[f][name]) for f in PR}}
+        for name in document["classes"]
+        for m in models
+        if (found := m["results"]["micro"].get("per_class"))
+    ]
+    return {
+        "primary": primary,
+        "compare": len(models) > 1,
+        "bkey": f"{SUMMARY[2]}_b",
+        "labels": {key: label(key) for key in SUMMARY},
+        "columns": columns,
+        "rows": rows,
+        "pictures": shots,
+        "sources": {printable(name): {k: link(v) for k, v in files.items()} for name, files in sources.items()},
+        "pr": pr,
+    }
+
+
+PR = ("precision", "recall")
+
+
+def link(path: str) -> str:
+    """A relative path as a URL: its bytes percent-encoded, whatever they are (a name need not be UTF-8); a
+    file: URI as it is."""
+    return path if path.startswith("file:") else quote(os.fsencode(path), safe="/")
+
+
+def json_block(data: dict) -> str:
+    """``data`` as JSON that cannot end its <script> block: every <, > and & escaped as \\uXXXX."""
+    raw = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return raw.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def worst_html(pictures: list[dict], page_width: int) -> str:
+    """Figures of the worst scans: each strip (the scan above, its errors below) at an integer zoom that fills
+    at most ``page_width`` px, so that every picture pixel, and so every error, covers one page pixel at least;
+    a click opens the full-size picture in the page's viewer, and a link opens its file."""
+    key = "".join(f'<span style="background:rgb{c}"></span>{text(n)}' for n, c in LEGEND.items())
+    parts = [f'<p class="key">Above each scan, below its errors:{key}</p>']
+    for shot in pictures:
+        caption = text(shot["caption"])
         if "note" in shot:
-            parts.append(f"<figure><figcaption>{caption}: {html.escape(printable(shot['note']))}</figcaption></figure>")
+            parts.append(f"<figure><figcaption>{caption}: {text(shot['note'])}</figcaption></figure>")
             continue
-        link = html.escape(quote(os.fsencode(shot["file"]), safe="/"))  # the file's bytes, whatever they are
+        width, height = shot["shown"]
+        zoom = max(1, min(page_width // width, 320 // height))  # thin strips grow, tall ones stay on screen
         parts.append(
-            f'<figure><figcaption>{caption} &middot; <a class="full" href="{link}">full size</a></figcaption>'
-            f'<img src="{shot["uri"]}" alt="{caption}"></figure>'
+            f'<figure><figcaption>{caption} &middot; <a class="full" href="{html.escape(link(shot["file"]))}">'
+            f'full size</a> ({shot["width"]} \u00d7 {shot["height"]} px)</figcaption><img src="{shot["uri"]}" '
+            f'alt="{caption}" data-name="{text(shot["name"])}" width="{width * zoom}" height="{height * zoom}">'
+            "</figure>"
         )
     return "\n".join(parts)
 
 
-def write_html(out_dir: Path, document: dict, table: list[dict], columns: list[str], pictures: list[dict]) -> None:
-    """report.html: every section of the module docstring, one self-contained page."""
-    names, models = document["classes"], document["models"]
-    numeric = {c for c in columns if c not in ("name", "status", "error")}
+# Class colours of the masks in the viewer (truth and predictions of scans without a picture): background light,
+# then distinct hues; the ignore index grey.
+CLASS_COLOURS = [(245, 245, 245), (31, 111, 209), (224, 123, 0), (44, 160, 44), (200, 40, 40), (148, 103, 189)]
+
+
+def class_filter(class_count: int, ignore_index: int) -> str:
+    """An SVG filter that shows a mask of class ids (8-bit, one channel) in class colours: each channel's value
+    v / 255 falls in the v-th of 256 equal steps of a discrete transfer table. The browser applies it without
+    any script reading the image's pixels, which a page opened from the file system may not do."""
+    table = [(128, 128, 128)] * 256  # values that are no class: mid grey
+    for k in range(min(class_count, 255)):
+        table[k] = CLASS_COLOURS[k % len(CLASS_COLOURS)]
+    if 0 <= ignore_index < 256:
+        table[ignore_index] = (190, 190, 190)
+    funcs = "".join(
+        f'<feFunc{channel} type="discrete" tableValues="{" ".join(f"{c[i] / 255:.4f}" for c in table)}"/>'
+        for i, channel in enumerate("RGB")
+    )
+    return (
+        '<svg width="0" height="0" style="position:absolute"><filter id="class-colours" '
+        f'color-interpolation-filters="sRGB"><feComponentTransfer>{funcs}</feComponentTransfer></filter></svg>'
+    )
+
+
+VIEWER = (
+    '<div id="viewer" role="dialog"><div class="bar"><span class="title" id="viewer-title"></span>'
+    '<span id="zoom"></span><button id="out">\u2212</button><button id="in">+</button><button id="one">1:1</button>'
+    '<button id="fit">fit</button><button id="close">close (Esc)</button></div>'
+    '<div id="stage"><div id="content"></div></div></div>'
+)
+
+
+def filters_html(columns: list[dict]) -> str:
+    """The scan table's filters: a name's part, the status, and a threshold on any figure."""
+    figures = "".join(f'<option value="{text(c["key"])}">{text(c["label"])}</option>' for c in columns if c["num"])
+    return (
+        '<div class="filters"><label>name <input id="f-name" type="search" placeholder="part of a name"></label>'
+        '<label>status <select id="f-status"><option value="">any</option><option>ok</option>'
+        '<option>failed</option></select></label><label><select id="f-metric"><option value="">figure</option>'
+        f'{figures}</select> <select id="f-op"><option value="below">at most</option><option value="above">at least'
+        '</option></select> <input id="f-limit" type="number" step="0.05"></label><span id="count"></span>'
+        '<button id="more">show more</button></div>'
+    )
+
+
+def write_html(out_dir: Path, document: dict, table: list[dict], pictures: list[dict], **view) -> None:
+    """report.html: every section of the module docstring, one page. ``view``: ``sources`` ({scan: {"scan",
+    "truth", "A", "B": path relative to ``out_dir``}}, for the viewer of scans without a picture) and
+    ``page_width`` (px the worst scans' strips fill at most)."""
+    names, models, tolerance = document["classes"], document["models"], document["options"]["tolerance"]
+    data = page_data(document, table, pictures, view.get("sources", {}))
     about = " \u00b7 ".join(
-        [f"data {document['data']}", f"{len(table)} scans", f"tolerance {document['options']['tolerance']} px"]
+        [f"data {document['data']}", f"{len(table)} scans", f"tolerance {tolerance} px"]
         + [f"{m['name']}: {m['source']} (model {m['fingerprint'] or '-'})" for m in models]
     )
     sections = [
-        "<h2>Summary</h2>",
-        summary_html(models),
-        "<p>micro: pixels pooled over the scans; macro: the mean over scans of each scan's figure. tol_f1: F1 with "
-        f"a tolerance of {document['options']['tolerance']} px.</p>",
+        f"<h1>srforge-evaluate</h1><p class=about>{text(about)}</p>",
+        headline_html(document, table),
+        '<h2>Per scan</h2><div class="plots" id="plots"></div><p class=about id="tip">Hover a mark for its scan, '
+        "click it to see the scan.</p>",
+        f"<h2>Per class</h2>{classes_html(models, names, tolerance)}",
+        f"<h2>By width third</h2>{thirds_html(models, tolerance)}",
+        *(f"<h2>Confusion matrix ({text(m['name'])}, pixels)</h2>{confusion_html(m, names)}" for m in models),
+        f"<h2>Scans ({len(table)})</h2>{filters_html(data['columns'])}"
+        '<div class="boxed"><table id="scans"><thead></thead></table></div>',
+        f"<h2>The {len({shot['name'] for shot in pictures})} worst scans</h2>",
+        worst_html(pictures, view.get("page_width", 1200)),
     ]
-    for model in models:
-        sections += [f"<h2>Per class ({html.escape(model['name'])}, micro)</h2>", classes_html(model, names)]
-        sections += [f"<h2>Confusion matrix ({html.escape(model['name'])})</h2>", confusion_html(model, names)]
-        sections += [f"<h2>By width third ({html.escape(model['name'])})</h2>", thirds_html(model)]
-    rows = [[row.get(c) for c in columns] for row in table]
-    sections += [f"<h2>Scans ({len(table)})</h2>", table_html(columns, rows, sortable=True, numeric=numeric)]
-    sections += [f"<h2>The {len(pictures)} worst scans</h2>", worst_html(pictures)]
     page = (
-        f"{STARTS['report.html'].decode()}\n<html lang=en><head><meta charset=utf-8><title>srforge-evaluate</title>"
-        f"<style>{STYLE}</style></head><body><h1>srforge-evaluate</h1><p>{html.escape(printable(about))}</p>\n"
+        f"{STARTS['report.html'].decode()}\n<html lang=en><head><meta charset=utf-8>"
+        '<meta name="viewport" content="width=device-width"><title>srforge-evaluate</title>'
+        f"<style>{STYLE}</style></head><body>\n"
         + "\n".join(sections)
+        + f"\n{VIEWER}{class_filter(len(names), document['ignore_index'])}"
+        + f'\n<script type="application/json" id="report-data">{json_block(data)}</script>'
         + f"\n<script>{SCRIPT}</script></body></html>\n"
     )
     atomic_write_text(out_dir / "report.html", page)

@@ -36,6 +36,7 @@ from srforge.evaluate.metrics import primary
 from srforge.evaluate.pictures import picture, png_bytes
 from srforge.evaluate.report import (
     STARTS,
+    label,
     png_data_uri,
     scan_columns,
     scan_table,
@@ -94,7 +95,7 @@ def worst_rows(rows: list[dict], key: str, n: int) -> list[dict]:
 
 def draw_pictures(out_dir: Path, worst: list[dict], truths, models: list[dict], ignore_index: int) -> list[dict]:
     """pictures/<rank>-<name>[-<model>].png for the worst scans of each model's predictions, full size; returns
-    what the page shows of each (caption, file, inline picture).
+    what the page shows of each (caption, file, name, model, the inline strip and the sizes, see _shown).
 
     The masks and scans are read here, one after another (an archive's reader is not shared between threads);
     colouring, shrinking, encoding and writing run in PICTURE_THREADS threads meanwhile (torch and zlib let go of
@@ -115,11 +116,11 @@ def draw_pictures(out_dir: Path, worst: list[dict], truths, models: list[dict], 
                     continue
                 file = picture_file(rank, name, model["name"])
                 figure = model["rows"][name]["figures"] if name in model["rows"] else {}
-                caption = (
-                    f"{rank}. {name} ({model['name']}): {model['primary']} {figure.get(model['primary'], math.nan):.4f}"
-                )
+                value = figure.get(model["primary"], math.nan)
+                caption = f"{rank}. {name} ({model['name']}): {label(model['primary'])} {value:.3f}"
                 job = (truth, pred, image, ignore_index, out_dir / file)
-                pending.append(({"caption": caption, "file": file}, pool.submit(_draw, *job)))
+                shot = {"caption": caption, "file": file, "name": name, "model": model["name"]}
+                pending.append((shot, pool.submit(_draw, *job)))
         return [_shown(shot, future) for shot, future in pending]
 
 
@@ -134,20 +135,53 @@ def picture_file(rank: int, name: str, model: str) -> str:
 
 
 def _shown(shot: dict, future) -> dict:
-    """What the page shows of one picture: inline, or a note saying why it could not be written (the scores and
-    the other pictures are kept)."""
+    """What the page shows of one picture: the strip inline (``uri``, its size ``shown`` (w, h)) and the size of
+    the full one (``width``, ``height``), or a note saying why it could not be written (the scores and the other
+    pictures are kept)."""
     try:
-        return {**shot, "uri": png_data_uri(future.result())}
+        data, (height, width), (shown_h, shown_w) = future.result()
     except OSError as error:
         return {**shot, "note": f"the picture could not be written ({error.strerror or error})"}
+    return {**shot, "uri": png_data_uri(data), "width": width, "height": height, "shown": (shown_w, shown_h)}
 
 
-def _draw(truth, pred, image, ignore_index: int, path: Path) -> bytes:
-    """Write the full-size picture at ``path``; the PNG the page shows inline (the shrunk one, or the same)."""
+def _draw(truth, pred, image, ignore_index: int, path: Path) -> tuple[bytes, tuple, tuple]:
+    """Write the full-size picture at ``path``; (the PNG the page shows inline: the shrunk one, or the same; the
+    full picture's (H, W); the inline one's (H, W))."""
     full, small = picture(truth, pred, image, ignore_index, PAGE_WIDTH)
     data = png_bytes(full)
     atomic_write(path, lambda f: f.write(data))
-    return data if small is None else png_bytes(small)
+    if small is None:
+        return data, full.shape, full.shape
+    return png_bytes(small), full.shape, small.shape
+
+
+def source_files(out_dir: Path, truths, models: list[dict]) -> dict[str, dict[str, str]]:
+    """{scan: {"scan", "truth", model name: path relative to ``out_dir``}} of the scored scans whose files lie in
+    folders (an archive's members cannot be linked), so that the page can show any scan from its files."""
+    folder = getattr(getattr(truths, "base", None), "kind", "folder") == "folder"
+    if not folder:
+        return {}
+    found = {}
+    for name in truths.names:
+        files = {"truth": truths.label(name)}
+        if isinstance(truths, LabelledArchive):
+            files["scan"] = truths.images.label(truths.view_index[name])
+        elif name in getattr(truths, "scans", {}):
+            files["scan"] = str(truths.scans[name])
+        for model in models:
+            if name in model["predictions"].files and model["rows"].get(name, {}).get("status") == "ok":
+                files[model["name"]] = str(model["predictions"].files[name])
+        found[name] = {key: _relative(path, out_dir) for key, path in files.items()}
+    return found
+
+
+def _relative(path: str, start: Path) -> str:
+    """``path`` relative to ``start`` (the page's folder), or absolute where there is no relative way."""
+    try:
+        return Path(os.path.relpath(Path(path).absolute(), start.absolute())).as_posix()
+    except ValueError:  # another drive
+        return Path(path).absolute().as_uri()
 
 
 class _Inline:
@@ -183,7 +217,8 @@ def write_outputs(out_dir: Path, document: dict, truths, models: list[dict], wor
     document["run"]["seconds_pictures"] = round(time.perf_counter() - start, 3)
     write_metrics(out_dir, document)
     write_scans(out_dir, table, columns)
-    write_html(out_dir, document, table, columns, shots)
+    sources = source_files(out_dir, truths, models)
+    write_html(out_dir, document, table, shots, sources=sources, page_width=PAGE_WIDTH)
 
 
 def describe(models: list[dict], data, options: dict[str, Any], scorer: Scorer, seconds: float) -> dict[str, Any]:
