@@ -15,10 +15,14 @@ repeats):
 - prediction's host cost per scan: decoding plus the mask PNG, today's (PIL, level 6) against srforge's mask writer
   (:func:`srforge.predict.mask_png.gray_png`), and the bytes and milliseconds of every zlib level of PIL's writer
   on the scan's mask;
+- labels from an annotation tool (``--annotations``): the same scans as a COCO export (each class one uncompressed
+  RLE) read by ``CocoExport``, epoch 1 filling ``data.cache`` (the masks rasterised once) and epoch 2 from it,
+  against the scans with mask PNGs (SegmentationFolder) through the same cache: epoch 2's time ratio (goal <= 1.2x);
 - a projection for a 16-core machine (14 workers, each at one worker's best epoch-2 rate) against an estimated GPU
   step per scan.
 
     python benchmarks/bench_loader.py [--scans 10] [--repeats 5] [--passes 4] [--out FILE.json]
+    python benchmarks/bench_loader.py --annotations [--scans 10] [--passes 4]     (the annotation row alone)
 """
 
 from __future__ import annotations
@@ -141,6 +145,61 @@ def loader_rate(
         cache_module.read_image, datasets.invalid_mask_values, adapter.invalid_mask_values = saved
 
 
+def dataset_rate(dataset, workers: int, cache, passes: int = 1) -> float:
+    """Scans per second of one epoch over any dataset with sizes(), as :func:`loader_rate` measures a folder."""
+    view = adapter.FieldView(dataset, num_classes=2, cache=cache)
+    sampler = SizeGroupedBatchSampler(dataset.sizes(), batch_size=2, shuffle=True, seed=0)
+    loader = DataLoader(view, batch_sampler=list(sampler) * passes, collate_fn=AlignedCollate(32), num_workers=workers)
+    iterator = iter(loader)
+    next(iterator)
+    start, count = time.perf_counter(), 0
+    for batch in iterator:
+        count += batch.image.shape[0]
+    return count / (time.perf_counter() - start)
+
+
+def coco_of(folder: Path) -> Path:
+    """The mask folder ``folder`` as a COCO export beside it: each class of each mask one uncompressed RLE."""
+    images, annotations = [], []
+    for i, path in enumerate(sorted((folder / "masks").glob("*.png"))):
+        mask = np.asarray(Image.open(path))
+        images.append({"id": i, "file_name": path.name, "height": mask.shape[0], "width": mask.shape[1]})
+        for c in range(1, int(mask.max()) + 1):
+            flat = (mask == c).T.ravel()
+            edges = np.flatnonzero(np.diff(flat.astype(np.int8))) + 1
+            bounds = np.concatenate([[0], edges, [flat.size]])
+            counts = ([0] if flat[0] else []) + np.diff(bounds).tolist()
+            rle = {"counts": counts, "size": list(mask.shape)}
+            annotations.append({"id": len(annotations), "image_id": i, "category_id": c, "segmentation": rle})
+    document = {"images": images, "annotations": annotations, "categories": [{"id": 1, "name": "curve"}]}
+    out = folder / "instances.json"
+    out.write_text(json.dumps(document))
+    return out
+
+
+def annotation_rows(root: Path, scans: int, passes: int) -> list[dict]:
+    """Epoch 1 (filling data.cache) and epoch 2 (from it) of the same scans with mask PNGs and as a COCO export,
+    in the main process; epoch 2's time ratio, export / PNG."""
+    from srforge.data.annotations import CocoExport
+
+    folder = root / "train"
+    if not (folder / "masks").is_dir():
+        make_welllog_scans(folder, scans, scale=1.0, workers=1)
+    export = CocoExport(coco_of(folder), ["background", "curve"], images=folder / "images")
+    rows = []
+    for label, dataset in (("mask PNGs", datasets.SegmentationFolder(folder)), ("COCO export", export)):
+        cache = DecodedCache(root / f"annotation-cache-{len(rows)}")
+        row = {"labels": label, "epoch1": dataset_rate(dataset, 0, cache)}
+        row["epoch2"] = dataset_rate(dataset, 0, cache, passes)
+        rows.append(row)
+    ratio = rows[0]["epoch2"] / rows[1]["epoch2"]
+    print("\n| labels | epoch 1 scans/s (cache filling) | epoch 2 scans/s (data.cache) |\n| --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['labels']} | {r['epoch1']:.2f} | {r['epoch2']:.1f} |")
+    print(f"\nepoch 2 time, COCO export / mask PNGs: {ratio:.2f}x (goal <= 1.2x)")
+    return [*rows, {"epoch2_time_ratio": ratio}]
+
+
 def loader_rows(root: Path, scans: int, passes: int) -> list[dict]:
     """Per worker count: today's epoch, epoch 1 filling the cache (one pass), then epochs of ``passes`` passes over
     the cached folder: fresh batch buffers, with the default cache and collate and with channels-last ones."""
@@ -222,8 +281,13 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=4, help="reads of the folder in a cached epoch (a longer "
                         "epoch measures the loader past its workers' start)")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/bench_loader.json")
+    parser.add_argument("--annotations", action="store_true", help="measure the annotation-export row alone")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.annotations:
+        with tempfile.TemporaryDirectory() as tmp:
+            annotation_rows(Path(tmp), args.scans, args.passes)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         files, mask = scan_files(root)
