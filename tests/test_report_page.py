@@ -1,0 +1,53 @@
+"""report.html's markup without a browser: names and class names with HTML in them reach the page only escaped
+(in markup) or as JSON that cannot end its script block; the headline's figures are metrics' to three decimals."""
+
+import html
+import json
+import re
+
+from srforge.evaluate.aggregate import results
+from srforge.evaluate.report import scan_table, write_html
+
+CLASSES = ["bg", "<b>ink</b>", "</script><script>alert(1)</script>"]
+NAMES = ["<img src=x onerror=alert(1)>", "a</script>b", "plain"]
+
+
+def rows(shift: int) -> list[dict]:
+    """Three scored scans of 3 classes, counts differing by ``shift``."""
+    out = []
+    for i, name in enumerate(NAMES):
+        confusion = [[50 + i + shift, 3, 1], [2, 20 + shift, 4], [1, 2, 9 + i]]
+        tolerance = [
+            [sum(r[c] for r in confusion), sum(r[c] for r in confusion), sum(confusion[c]), sum(confusion[c])]
+            for c in range(3)
+        ]
+        out.append(
+            {"name": name, "status": "ok", "height": 5, "width": 9 + i, "confusion": confusion, "tolerance": tolerance}
+        )
+    return out
+
+
+def test_names_are_escaped_and_the_headline_is_metrics_to_three_decimals(tmp_path):
+    a, b = rows(0), rows(5)
+    models = [
+        {"name": n, "source": n, "fingerprint": None, "results": results(r, CLASSES)} for n, r in (("A", a), ("B", b))
+    ]
+    document = {
+        "data": "<i>d</i>",
+        "options": {"tolerance": 2},
+        "classes": CLASSES,
+        "ignore_index": 255,
+        "primary": "mean_iou_without_bg",
+        "models": models,
+    }
+    write_html(tmp_path, document, scan_table(a, b, "mean_iou_without_bg"), [])
+    page = (tmp_path / "report.html").read_text()
+    for raw in [*CLASSES[1:], NAMES[0], "<i>d</i>"]:
+        assert raw not in page
+    assert html.escape(CLASSES[1]) in page and page.count("<script") == 2 and page.count("</script>") == 2
+    block = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S).group(1)
+    data = json.loads(block)
+    assert sorted(row[0] for row in data["rows"]) == sorted(NAMES)
+    iou = models[0]["results"]["micro"]["per_class"]["iou"][CLASSES[1]]
+    card = f'data-model="A" data-figure="iou" data-class="{html.escape(CLASSES[1])}">{iou:.3f}<'
+    assert card in page
