@@ -21,10 +21,9 @@ import numpy as np
 import pytest
 from helpers import labels, rgb, write
 from predict_fixtures import one_thread  # noqa: F401
+from test_report_page import write_report
 
 from srforge.cli import main_evaluate
-from srforge.evaluate.aggregate import results
-from srforge.evaluate.report import scan_table, write_html
 
 FLAGS = [
     "--headless",
@@ -360,21 +359,7 @@ def synthetic_rows(n: int, seed: int) -> list[dict]:
 
 @pytest.mark.slow
 def test_a_report_of_10000_scans_has_its_dom_ready_in_under_2_s(browser, tmp_path, capsys):
-    classes = ["paper", "ink", "margin"]
-    rows_a, rows_b = synthetic_rows(10_000, 0), synthetic_rows(10_000, 1)
-    models = [
-        {"name": name, "source": name, "fingerprint": None, "results": results(rows, classes)}
-        for name, rows in (("A", rows_a), ("B", rows_b))
-    ]
-    document = {
-        "data": "synthetic",
-        "options": {"tolerance": 2},
-        "classes": classes,
-        "ignore_index": 255,
-        "primary": "mean_iou_without_bg",
-        "models": models,
-    }
-    write_html(tmp_path, document, scan_table(rows_a, rows_b, "mean_iou_without_bg"), [])
+    write_report(tmp_path, synthetic_rows(10_000, 0), synthetic_rows(10_000, 1), ["paper", "ink", "margin"])
     browser.open((tmp_path / "report.html").as_uri())
     ready = browser.js("performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd")
     with capsys.disabled():

@@ -27,20 +27,21 @@ def rows(shift: int) -> list[dict]:
     return out
 
 
-def test_names_are_escaped_and_the_headline_is_metrics_to_three_decimals(tmp_path):
-    a, b = rows(0), rows(5)
+def write_report(out, rows_a: list[dict], rows_b: list[dict], classes, data: str = "synthetic") -> list[dict]:
+    """report.html in ``out`` of two models' rows (with ``confusion`` and ``tolerance`` counts) as
+    srforge-evaluate writes it, without pictures; the models (their ``results``)."""
     models = [
-        {"name": n, "source": n, "fingerprint": None, "results": results(r, CLASSES)} for n, r in (("A", a), ("B", b))
+        {"name": n, "source": n, "fingerprint": None, "results": results(r, classes)}
+        for n, r in (("A", rows_a), ("B", rows_b))
     ]
-    document = {
-        "data": "<i>d</i>",
-        "options": {"tolerance": 2},
-        "classes": CLASSES,
-        "ignore_index": 255,
-        "primary": "mean_iou_without_bg",
-        "models": models,
-    }
-    write_html(tmp_path, document, scan_table(a, b, "mean_iou_without_bg"), [])
+    document = {"data": data, "options": {"tolerance": 2}, "classes": classes, "ignore_index": 255}
+    document.update(primary="mean_iou_without_bg", models=models)
+    write_html(out, document, scan_table(rows_a, rows_b, "mean_iou_without_bg"), [])
+    return models
+
+
+def test_names_are_escaped_and_the_headline_is_metrics_to_three_decimals(tmp_path):
+    models = write_report(tmp_path, rows(0), rows(5), CLASSES, data="<i>d</i>")
     page = (tmp_path / "report.html").read_text()
     for raw in [*CLASSES[1:], NAMES[0], "<i>d</i>"]:
         assert raw not in page

@@ -33,8 +33,9 @@ thead th{position:sticky;top:0;z-index:1}thead tr+tr th{top:1.6em}
 .plot .diag{stroke:#aaa;stroke-dasharray:4 3}
 .filters{display:flex;flex-wrap:wrap;gap:.8em;align-items:center;margin:.5em 0}
 .filters input[type=number]{width:6em}#count{color:#555}
-figure{margin:0 0 1.2em;overflow-x:auto}figure img{image-rendering:pixelated;cursor:zoom-in;display:block;box-sizing:content-box;
-max-width:none;border:1px solid #ccc}
+figure{margin:0 0 1.2em;overflow-x:auto}
+figure img{image-rendering:pixelated;cursor:zoom-in;display:block;box-sizing:content-box;max-width:none;
+border:1px solid #ccc}
 .key span{display:inline-block;width:1em;height:1em;margin:0 .3em 0 1em;vertical-align:middle}
 #viewer{position:fixed;inset:0;background:rgba(20,20,20,.92);z-index:10;display:none;flex-direction:column}
 #viewer.open{display:flex}#viewer .bar{color:#eee;padding:.4em .8em;display:flex;gap:.6em;align-items:center}
