@@ -31,7 +31,7 @@ from typing import Any
 from srforge.atomic import NAME_MAX, TEMP_SUFFIX, atomic_write
 from srforge.data.naming import scan_stem
 from srforge.evaluate.aggregate import results, scored
-from srforge.evaluate.inputs import LabelledArchive, Predictions
+from srforge.evaluate.inputs import LabelledArchive, MaskFolder, Predictions
 from srforge.evaluate.metrics import primary
 from srforge.evaluate.pictures import picture, png_bytes
 from srforge.evaluate.report import (
@@ -159,8 +159,10 @@ def _draw(truth, pred, image, ignore_index: int, path: Path) -> tuple[bytes, tup
 def source_files(out_dir: Path, truths, models: list[dict]) -> dict[str, dict[str, str]]:
     """{scan: {"scan", "truth", model name: path relative to ``out_dir``}} of the scored scans whose files lie in
     folders (an archive's members cannot be linked), so that the page can show any scan from its files."""
-    folder = getattr(getattr(truths, "base", None), "kind", "folder") == "folder"
-    if not folder:
+    if isinstance(truths, LabelledArchive):
+        if truths.base.kind != "folder":
+            return {}
+    elif not isinstance(truths, MaskFolder):  # an annotation export: its masks exist only once rasterised
         return {}
     found = {}
     for name in truths.names:
