@@ -30,8 +30,8 @@ outputs under --output DIR (default: CKPT's folder/evaluate-<DATA name>, or <DIR
                  Dice, precision, recall, tolerance F1; means with and without the background class (id 0);
                  the confusion matrix; each model's fingerprint, the data, the options
   scans.csv      one row a scan (failed rows say which file, what was expected and what was found)
-  report.html    one page, offline: summary, per class, confusion matrix, width thirds, the scan table (click a
-                 header to sort), the --worst N scans pictured (TP green, FP orange, FN blue)
+  report.html    one page, offline: headline, plots, tables, the scan table (sort, filter; a row opens its scan),
+                 the --worst N scans as strips that open zoomable at full resolution
   predictions/   checkpoint mode: the masks predicted (a rerun skips the scans done by the same model)
 
 exit status: 0 every scan scored; 1 some scan failed (no prediction, another size, ids beyond the classes,
