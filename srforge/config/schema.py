@@ -97,6 +97,44 @@ def augment_recipe(value: Any, path: str) -> None:
         raise ConfigError(str(exc)) from None
 
 
+def unlabelled_paths(value: Any, path: str) -> None:
+    """null, a path, or a non-empty list of paths (non-empty strings)."""
+    items = [value] if isinstance(value, str) else value
+    if items is not None and (not items or not all(isinstance(v, str) and v.strip() for v in items)):
+        raise ConfigError(f"{path}: expected a folder or archive path, or a list of them, found {value!r}.")
+
+
+SELF_TRAINING = {"weight": 1.0, "confidence": 0.9, "start_epoch": 1, "augment": {"hflip": 0.5}}
+
+
+def self_training_spec(value: Any, path: str) -> None:
+    """null, or a mapping of SELF_TRAINING's keys (each optional): weight > 0, confidence in [0, 1), start_epoch
+    >= 1, augment a recipe of data.augment's keys without ``scale`` (a student's view keeps the teacher's size)."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path}: expected {{weight, confidence, start_epoch, augment}} or null, found {value!r}.")
+    unknown = sorted(set(value) - set(SELF_TRAINING))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r}; expected {', '.join(SELF_TRAINING)}.")
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    weight, confidence = value.get("weight", 1.0), value.get("confidence", 0.9)
+    if not number(weight) or not weight > 0:
+        raise ConfigError(f"{path}.weight: expected a number > 0 (the unlabelled loss's weight), found {weight!r}.")
+    if not number(confidence) or not 0 <= confidence < 1:
+        raise ConfigError(f"{path}.confidence: expected a probability from 0 to below 1, found {confidence!r}.")
+    start = value.get("start_epoch", 1)
+    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+        raise ConfigError(f"{path}.start_epoch: expected an epoch number >= 1, found {start!r}.")
+    recipe = value.get("augment") or {}
+    if "scale" in recipe:
+        raise ConfigError(
+            f"{path}.augment.scale: the student must see each scan at the teacher's size; rescaling is not "
+            "allowed here (flips, affine, color_jitter and noise are)."
+        )
+    augment_recipe(recipe, f"{path}.augment")
+
+
 def pixel_budget(value: Any, path: str) -> None:
     """An int >= 1, "auto" or null."""
     if isinstance(value, str) and value != "auto":
@@ -239,6 +277,12 @@ class DataSection(Section, path="data"):
         "per-scan augmentation: scale (rescaling, [lo, hi]), hflip, vflip, affine, color_jitter, noise",
         rule=augment_recipe,
     )
+    unlabelled: str | list | None = key(
+        None,
+        "scans without masks (folders, .zip, .tar[.gz], or a list of them; read like predict.py's inputs) that "
+        "train.self_training learns from; null: none",
+        rule=unlabelled_paths,
+    )
     ignore_index: int = key(
         IGNORE_INDEX, "the mask value no loss or metric counts (not a class id); padding is filled with it"
     )
@@ -315,6 +359,12 @@ class TrainSection(Section, path="train"):
     channels_last: bool = key(False, "the channels-last memory format for images and weights")
     compile: bool = key(False, "torch.compile the model (dynamic shapes)")
     dice_weight: float | int = key(0.0, "weight of the Dice loss added to the cross-entropy")
+    skeleton_weight: float | int = key(
+        0.0,
+        "weight of the thin-structure loss added to the cross-entropy: 1 - the recall of a tube around each class's "
+        "skeleton, per scan and class on its true extent (Skeleton Recall); 0: off",
+        minimum=0,
+    )
     val_every: int = key(1, "validate every N epochs (and after the last)", minimum=1)
     skip_nonfinite: bool = key(False, "skip a batch whose loss is NaN or infinite, instead of stopping the run")
     # The progress bar's numbers are read from the device in the same transfer as the step's finiteness check
@@ -336,6 +386,12 @@ class TrainSection(Section, path="train"):
         "{patience: N, min_delta: x}: stop once N validations in a row have not raised the validation mean IoU by "
         "more than x (default 0); null: off",
         rule=early_stop_spec,
+    )
+    self_training: dict | None = key(
+        None,
+        "{weight, confidence, start_epoch, augment}: learn from data.unlabelled's scans through the EMA teacher's "
+        "confident predictions (needs train.ema and data.unlabelled); null: off",
+        rule=self_training_spec,
     )
     hooks: list = key(
         [],
@@ -420,7 +476,36 @@ def unet_keys_for_the_unet(cfg: Config) -> None:
         )
 
 
-JOINT_RULES = (one_batch_rule, one_name_per_class, ignore_index_is_no_class, unet_keys_for_the_unet)
+def self_training_needs_its_parts(cfg: Config) -> None:
+    """train.self_training learns from data.unlabelled through train.ema's teacher: each needs the others."""
+    spec, scans, ema = cfg.train.self_training, cfg.data.unlabelled, cfg.train.ema
+    if spec is not None and scans is None:
+        raise ConfigError(
+            "train.self_training is set but data.unlabelled is null: give the scans it learns from (a folder, "
+            ".zip or .tar of scans without masks), or set train.self_training=null.",
+            keys=("train.self_training", "data.unlabelled"),
+        )
+    if spec is not None and ema is None:
+        raise ConfigError(
+            "train.self_training: the teacher is the EMA of the weights, but train.ema is null; set train.ema "
+            "(e.g. 0.99), or train.self_training=null.",
+            keys=("train.self_training", "train.ema"),
+        )
+    if scans is not None and spec is None:
+        raise ConfigError(
+            "data.unlabelled is set but train.self_training is null, so nothing would read those scans; set "
+            "train.self_training (e.g. {weight: 1.0, confidence: 0.9}) or data.unlabelled=null.",
+            keys=("data.unlabelled", "train.self_training"),
+        )
+
+
+JOINT_RULES = (
+    one_batch_rule,
+    one_name_per_class,
+    ignore_index_is_no_class,
+    unet_keys_for_the_unet,
+    self_training_needs_its_parts,
+)
 
 
 def leaves(node: Any, path: str = "") -> Iterable[tuple[str, Any]]:

@@ -63,15 +63,17 @@ def crop_window(size: tuple[int, int], crop: tuple[int, int], seed: int) -> tupl
 
 
 def random_crop(sample: dict, crop: tuple[int, int], seed: int) -> dict:
-    """``sample`` with ``image`` [C, H, W] and ``mask`` [H, W] cut to one crop window (:func:`crop_window`); the
-    same object back when the scan fits the crop. Views, no copy: collation copies once into the batch."""
+    """``sample`` with ``image`` [C, H, W] and ``mask`` [H, W] (and ``tube`` [H, W], when there is one) cut to one
+    crop window (:func:`crop_window`); the same object back when the scan fits the crop. Views, no copy: collation
+    copies once into the batch."""
     image = sample["image"]
     height, width = int(image.shape[-2]), int(image.shape[-1])
     if height <= crop[0] and width <= crop[1]:
         return sample
     top, left, h, w = crop_window((height, width), crop, seed)
     sample["image"] = image[..., top : top + h, left : left + w]
-    mask = sample["mask"]
-    if isinstance(mask, torch.Tensor) or hasattr(mask, "shape"):
-        sample["mask"] = mask[..., top : top + h, left : left + w]
+    for key in ("mask", "tube"):
+        field = sample.get(key)
+        if isinstance(field, torch.Tensor) or hasattr(field, "shape"):
+            sample[key] = field[..., top : top + h, left : left + w]
     return sample

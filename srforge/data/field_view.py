@@ -15,6 +15,7 @@ and mask: the view decodes them through the cache. A Dataset with a ``cache`` at
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Mapping
 
@@ -28,6 +29,7 @@ from srforge.data.crop import sample_seed
 from srforge.data.entry import Entry
 from srforge.data.images import DataError, invalid_mask_values
 from srforge.data.size_policy import SizePolicy
+from srforge.data.skeleton import skeleton_tube
 
 CANONICAL = ("image", "mask", "name")
 
@@ -61,6 +63,11 @@ class FieldView(Dataset):
     drawn from ``scale`` (an attribute for ``sizing.scale``: (lo, hi), ``data.augment.scale``), then cut to a random
     crop of at most ``crop`` (``sizing.crop``: (H, W), ``data.crop``), before augmentation. The sampler asks the
     same object for each epoch's sizes.
+
+    ``tubes`` (an attribute, training with ``train.skeleton_weight``): every sample also carries ``tube`` [H, W],
+    the skeleton tube of its mask as decoded (:func:`srforge.data.skeleton.skeleton_tube`), made once per scan
+    and kept in the cache when there is one (keyed by the mask's bytes), then rescaled, cropped and augmented with
+    the mask.
     """
 
     def __init__(
@@ -87,6 +94,7 @@ class FieldView(Dataset):
         self.epoch = 0
         self.sizing = SizePolicy(seed)
         self.cache, self.image_mode = cache, "RGB"
+        self.tubes = False
         if cache is not None and getattr(dataset, "cache", False) is None:
             dataset.cache = cache  # e.g. SegmentationFolder: reads its files through data.cache
 
@@ -154,12 +162,36 @@ class FieldView(Dataset):
             mask = torch.as_tensor(entry["mask"])
             self._check_mask(mask, index, entry["name"])
             entry["mask"] = mask.to(self.mask_dtype)
+        if self.tubes:
+            entry["tube"] = self._tube(torch.as_tensor(entry["mask"]))
         entry = self.sizing.apply(entry, self.epoch, index, self.ignore_index)
         if self.augment is not None:
             # Seeded per (seed, epoch, index): independent of worker count, batch order and resumption.
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(sample_seed(self.seed, self.epoch, index))
-                entry = self.augment(entry)
+                entry = self._augmented(entry)
+        return entry
+
+    def _tube(self, mask: torch.Tensor) -> torch.Tensor:
+        """The skeleton tube of ``mask`` [H, W]: through the cache when there is one, keyed by the mask's bytes
+        (whatever Dataset gave it: a file, an annotation, pixels made in memory)."""
+        make = lambda: skeleton_tube(mask, self.ignore_index)  # noqa: E731
+        if self.cache is None:
+            return make()
+        array = np.ascontiguousarray(mask.numpy())
+        digest = hashlib.sha256(array.tobytes()).hexdigest()
+        return self.cache.read(["tube", digest, list(array.shape), str(array.dtype)], [], "tube", make)
+
+    def _augmented(self, entry: Entry) -> Entry:
+        """``self.augment(entry)``; a tube rides along as a second channel of the mask, so that every geometric step
+        moves it exactly as the mask (where an affine leaves no data the mask gets the ignore index: no tube)."""
+        if "tube" not in entry:
+            return self.augment(entry)
+        mask, tube = entry["mask"], entry.pop("tube")
+        entry["mask"] = torch.stack([mask, tube.to(mask.dtype)])
+        entry = self.augment(entry)
+        mask, tube = entry["mask"][0], entry["mask"][1]
+        entry["mask"], entry["tube"] = mask, tube.masked_fill(tube == self.ignore_index, 0)
         return entry
 
     def _check_image(self, image, index: int, name: str) -> None:

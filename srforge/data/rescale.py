@@ -170,8 +170,9 @@ def rescale_image(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 
 def rescale(sample: dict, factor: float, ignore_index: int = IGNORE_INDEX) -> dict:
-    """``sample`` with ``image`` [C, H, W] and ``mask`` [H, W] resized by ``factor`` to :func:`scaled_size`
-    (:func:`rescale_image`, :func:`rescale_mask`); other fields untouched. The same object, changed in place, is
+    """``sample`` with ``image`` [C, H, W] and ``mask`` [H, W] (and a skeleton ``tube`` [H, W], 0 where none, when
+    there is one) resized by ``factor`` to :func:`scaled_size` (:func:`rescale_image`, :func:`rescale_mask`); other
+    fields untouched. The same object, changed in place, is
     returned; a factor that leaves the size as it is (1, or one too small to change a pixel) returns it as it was.
     """
     image = torch.as_tensor(sample["image"])
@@ -182,4 +183,6 @@ def rescale(sample: dict, factor: float, ignore_index: int = IGNORE_INDEX) -> di
     sample["image"] = rescale_image(image, size)
     if sample.get("mask") is not None:
         sample["mask"] = rescale_mask(torch.as_tensor(sample["mask"]), size, ignore_index)
+    if sample.get("tube") is not None:
+        sample["tube"] = rescale_mask(torch.as_tensor(sample["tube"]), size, ignore_index)
     return sample

@@ -15,6 +15,7 @@ from srforge.train.from_config import (
     build_loaders,
     build_model,
     build_optimization,
+    build_self_training,
     crop_training_scans,
     scan_warnings,
     set_checkpointing,
@@ -45,13 +46,20 @@ def trainer_parts(cfg: Config, processes: Processes, run_dir: Path, ckpt: dict |
     if processes.main:
         for line in scan_warnings(data, model.size_divisor):
             print(f"srforge: warning: {line}")
-    loss = functools.partial(segmentation_loss, ignore_index=dcfg.ignore_index, dice_weight=tcfg.dice_weight)
+    loss = functools.partial(
+        segmentation_loss, ignore_index=dcfg.ignore_index, dice_weight=tcfg.dice_weight,
+        skeleton_weight=tcfg.skeleton_weight,
+    )  # fmt: skip
+    data.train.tubes = bool(tcfg.skeleton_weight)  # each training scan's skeleton tube, made once (cached)
     memory, pixels = plan_memory(cfg, model, data, device, processes)
     loaders = build_loaders(
         dcfg, data, divisor=model.size_divisor, seed=seed, processes=processes, device=device, max_pixels=pixels,
-        channels_last=layout,
+        channels_last=layout, tubes=data.train.tubes,
     )  # fmt: skip
     budget = PixelBudget(pixels, loaders.sampler)
+    self_training = build_self_training(
+        cfg, data, divisor=model.size_divisor, processes=processes, device=device, max_pixels=pixels
+    )
     if ckpt is not None:
         budget.load_state_dict(ckpt.get("memory"))
     optimizer, scheduler, scaler = build_optimization(
@@ -68,4 +76,5 @@ def trainer_parts(cfg: Config, processes: Processes, run_dir: Path, ckpt: dict |
         "model": model, "train_loader": loaders, "val_loader": loaders.val, "optimizer": optimizer,
         "scheduler": scheduler, "scaler": scaler, "loss": loss, "hooks": config_hooks(tcfg, model),
         "settings": TrainSettings.from_config(cfg), "budget": budget, "memory": memory, "facts": facts,
+        "self_training": self_training,
     }  # fmt: skip

@@ -6,6 +6,7 @@
                  (checkpoints keep them), through the one builder srforge.models.create.create_model
     train     -> AdamW, warm-up + cosine LambdaLR, GradScaler (fp16)
     batches   -> training_sampler (size-grouped, shuffled by seed and epoch, this rank's share), validation loader
+    self-training -> data.unlabelled's scans as an endless stream of this rank's batches, and the teacher's step
 
 The split and the training sampler come from :mod:`srforge.data.sampling`, the functions the batch-layout
 picture calls too, so the picture shows exactly the batches training draws.
@@ -25,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from srforge.config import ConfigError, import_object
-from srforge.config.schema import DataSection, ModelSection
+from srforge.config.schema import Config, DataSection, ModelSection
 from srforge.constants import UNET_CLASSES, UNET_KEYS
 from srforge.data.cache import open_cache
 from srforge.data.collate import AlignedCollate
@@ -34,11 +35,13 @@ from srforge.data.field_view import FieldView
 from srforge.data.loader import DataLoaderFactory
 from srforge.data.sampling import SizeGroupedBatchSampler, train_val_indices, training_sampler
 from srforge.data.sizes import dataset_sizes
+from srforge.data.unlabelled import UnlabelledScans, UnlabelledStream
 from srforge.geometry import aligned_size, depth_problem
 from srforge.models.create import create_model
 from srforge.models.weights import WeightsFile
 from srforge.runtime.device import cpu_has_native_bf16, resolve_device
 from srforge.runtime.distributed import Processes, environment
+from srforge.train.self_training import SelfTraining
 
 # The keys srforge's UNet is built with; any other model.class takes the first two and model.args.
 MODEL_ARGS = ("in_channels", "num_classes", *UNET_KEYS)
@@ -281,13 +284,17 @@ def build_loaders(
     device: torch.device,
     max_pixels: int | None = None,
     channels_last: bool = False,
+    tubes: bool = False,
 ) -> Loaders:
     """Batches of alike sizes padded to ``divisor`` (the model's) by AlignedCollate, masks with the ignore index;
     the training batches dealt to ranks by :func:`srforge.data.sampling.training_sampler`, grouped by each
     epoch's sizes when the training view rescales (:func:`training_epoch_sizes`). ``max_pixels`` is the pixel
     budget ``data.max_pixels`` resolved to (needed for ``auto``; ignored with ``data.batch_size``); ``channels_last``
-    (train.channels_last) collates the images channels-last, one copy from the decoded [H, W, C] pixels."""
-    collate = AlignedCollate(divisor, pad={"image": 0, "mask": data_cfg.ignore_index}, channels_last=channels_last)
+    (train.channels_last) collates the images channels-last, one copy from the decoded [H, W, C] pixels; ``tubes``
+    (train.skeleton_weight): the training batches also carry each scan's skeleton ``tube``, padded with 0."""
+    pad = {"image": 0, "mask": data_cfg.ignore_index}
+    collate = AlignedCollate(divisor, pad=pad, channels_last=channels_last)
+    train_collate = AlignedCollate(divisor, pad={**pad, "tube": 0}, channels_last=channels_last) if tubes else collate
     budget = None if data_cfg.max_pixels is None else max_pixels or data_cfg.max_pixels
     if budget == "auto":
         raise ValueError("build_loaders: data.max_pixels is auto; pass the budget it resolved to as max_pixels")
@@ -309,7 +316,32 @@ def build_loaders(
         num_workers=data_cfg.num_workers,
         pin_memory=pin_memory,
     ).get_loader()
-    return Loaders(data.train, sampler, collate, data_cfg.num_workers, pin_memory, val)
+    return Loaders(data.train, sampler, train_collate, data_cfg.num_workers, pin_memory, val)
+
+
+def build_self_training(
+    cfg: Config, data: Data, *, divisor: int, processes: Processes, device: torch.device, max_pixels: int | None
+) -> SelfTraining | None:
+    """train.self_training over data.unlabelled's scans (None when off): their stream batched like the labelled
+    scans (``max_pixels``, the resolved budget, or data.batch_size), read through data.cache in the training
+    view's image mode, dealt to ranks; members refused are said once (main process), as predict.py lists them."""
+    dcfg, spec = cfg.data, cfg.train.self_training
+    if spec is None:
+        return None
+    paths = [dcfg.unlabelled] if isinstance(dcfg.unlabelled, str) else list(dcfg.unlabelled)
+    scans = UnlabelledScans(paths, cache=data.train.cache, image_mode=getattr(data.train.dataset, "image_mode", "RGB"))
+    if processes.main:
+        for where, why in scans.rejected:
+            print(f"srforge: warning: data.unlabelled: left out {where}: {why}")
+        print(f"srforge: self-training on {len(scans):,} unlabelled scan(s) from {', '.join(paths)}")
+    stream = UnlabelledStream(
+        scans, divisor=divisor, seed=cfg.run.seed,
+        batch_size=dcfg.batch_size if dcfg.max_pixels is None else None,
+        max_pixels=None if dcfg.max_pixels is None else max_pixels or dcfg.max_pixels,
+        num_replicas=processes.world, rank=processes.rank, num_workers=dcfg.num_workers,
+        pin_memory=device.type == "cuda", channels_last=cfg.train.channels_last,
+    )  # fmt: skip
+    return SelfTraining.from_config(spec, stream, ignore_index=dcfg.ignore_index, seed=cfg.run.seed)
 
 
 def wrap_for_training(model: torch.nn.Module, *, compile: bool, world: int, device: torch.device) -> torch.nn.Module:

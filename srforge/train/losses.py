@@ -34,10 +34,34 @@ def valid_pixels(target: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torc
     return (target != ignore_index).sum()
 
 
+def skeleton_recall_loss(logits: torch.Tensor, tube: torch.Tensor) -> torch.Tensor:
+    """1 - the mean soft recall of the skeleton tubes (Skeleton Recall, Kirchhoff et al., ECCV 2024).
+
+    logits [B, K, H, W]; tube [B, H, W] class ids, 0 where no tube (:func:`srforge.data.skeleton.skeleton_tube`,
+    padded with 0, so padding never counts) -> scalar. For each scan b and class c >= 1 that has a tube in it,
+    recall = sum(p_c * [tube == c]) / sum([tube == c]) over that scan's pixels alone (never pooled across the scans
+    of a batch); the loss is 1 - their mean, 0 (with the graph kept) when no scan has a tube.
+    """
+    probs = logits.float().softmax(dim=1)[:, 1:]  # [B, K-1, H, W]: background has no tube
+    classes = torch.arange(1, logits.shape[1], device=tube.device).view(1, -1, 1, 1)
+    member = tube.unsqueeze(1) == classes  # [B, K-1, H, W]
+    inside = member.sum((2, 3))  # [B, K-1]
+    covered = (probs * member).sum((2, 3))
+    present = inside > 0
+    mean_recall = (covered / inside.clamp_min(1) * present).sum() / present.sum().clamp_min(1)
+    return torch.where(present.any(), 1 - mean_recall, mean_recall)  # no tube: 0, the graph kept
+
+
 def segmentation_loss(
-    logits: torch.Tensor, target: torch.Tensor, ignore_index: int = IGNORE_INDEX, dice_weight: float = 0.0
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    dice_weight: float = 0.0,
+    skeleton_weight: float = 0.0,
+    tube: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Mean cross-entropy over valid pixels (+ ``dice_weight`` * Dice loss). logits [B, K, H, W], target [B, H, W].
+    """Mean cross-entropy over valid pixels (+ ``dice_weight`` * Dice loss, + ``skeleton_weight`` * the skeleton
+    recall loss of ``tube`` [B, H, W] when given). logits [B, K, H, W], target [B, H, W].
 
     The one loss of training and validation. The mean divides the summed cross-entropy by the number of valid
     pixels, at least 1, on the device: a batch with no valid pixel (an all-ignore crop) gives a zero that keeps
@@ -52,4 +76,6 @@ def segmentation_loss(
     loss = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum") / valid
     if dice_weight:
         loss = loss + dice_weight * dice_loss(logits, target, ignore_index)
+    if skeleton_weight and tube is not None:
+        loss = loss + skeleton_weight * skeleton_recall_loss(logits, tube)
     return loss

@@ -130,7 +130,9 @@ class Trainer:
     checkpoints and metrics go: None writes none), ``budget`` (:class:`PixelBudget`; None: no bound), ``memory``
     (the measured step memory, reported per epoch), ``facts`` (what checkpoints record of the model and its data;
     default :func:`model_facts`), ``lock`` (the run folder's FolderLock, checked before every write), ``cfg`` (the
-    resolved config, when built from one).
+    resolved config, when built from one), ``self_training`` (:class:`srforge.train.self_training.SelfTraining`:
+    each update also learns from an unlabelled batch through the EMA teacher; None: off). A batch with a ``tube``
+    field (:func:`srforge.data.skeleton.skeleton_tube`, padded with 0) gives it to the loss as ``tube=``.
 
     Documented attributes, for hooks to read: ``model`` (the bare model), ``net`` (what the step calls: compiled
     and/or DDP-wrapped), ``averaged`` (the weights validation and best.pt use when not ``model``: EMA),
@@ -161,10 +163,12 @@ class Trainer:
         facts: dict[str, Any] | None = None,
         lock=None,
         cfg=None,
+        self_training=None,
     ):
         check_attributes(model, "Trainer(model)")
         self.settings = s = settings or TrainSettings()
         self.model, self.cfg, self.lock, self.memory = model, cfg, lock, memory
+        self.self_training = self_training
         self.processes = processes or distributed.environment()
         self.device = self.processes.device or next(model.parameters()).device
         self.run_dir = None if run_dir is None else Path(run_dir)
@@ -256,6 +260,8 @@ class Trainer:
                 self.save_at_stop()
                 raise error if isinstance(error, KeyboardInterrupt) else self.stop_error(error)
         finally:
+            if self.self_training is not None:
+                self.self_training.stream.close()  # its workers end with the run
             self.call("after_train")
         distributed.barrier()
         return self.summary
@@ -315,11 +321,12 @@ class Trainer:
     def forward_backward(self, update: Update, batch) -> None:
         """Forward, loss and backward of one collated batch into the gradients: whole, or in parts of at most the
         budget's pixels, halving any part that runs out of memory (:meth:`run_parts`); its sums into ``update``."""
-        image, mask, sizes = self.to_device(batch)
+        tensors = self.to_device(batch)
+        image, mask, sizes = tensors[:3]
         names = batch.name if isinstance(batch.name, list) else [batch.name]
         parts = parts_of(image.shape[0], self.budget.scans_per_part(image.shape))
         weighted = self.settings.accumulate > 1 or len(parts) > 1
-        losses, weighted, alone, failed, fit = self.run_parts((image, mask, sizes), parts, weighted, update)
+        losses, weighted, alone, failed, fit = self.run_parts(tensors, parts, weighted, update)
         if alone is not None:
             raise scan_too_large(names, batch.sizes, alone, image.shape, self.device)
         update.weights.used |= weighted
@@ -359,13 +366,13 @@ class Trainer:
         return losses, weighted, None, failed_at, largest_fit
 
     def part_step(self, part: tuple, weighted: bool, update: Update) -> tuple:
-        """Forward, loss and backward of one part (image, mask, sizes): the plain step. Returns (its loss,
+        """Forward, loss and backward of one part (image, mask, sizes[, tube]): the plain step. Returns (its loss,
         detached; the pending (valid pixels, unit) of a weighted part, else None; the logits, detached)."""
-        image, mask, sizes = part
+        image, mask, sizes, *tube = part
         with no_sync(self.net):
             with autocast(self.device, self.settings.precision):
                 logits = self.net(image, sizes.clone())  # the model's own copy: srforge counts with sizes
-            loss = scaled = self.loss(logits, mask)
+            loss = scaled = self.loss(logits, mask, tube=tube[0]) if tube else self.loss(logits, mask)
             pending = None
             if weighted:
                 scaled, pending = update.weights.scaled(loss, mask)
@@ -373,10 +380,13 @@ class Trainer:
         return loss.detach(), pending, logits.detach()
 
     def apply_update(self, update: Update) -> None:
-        """End an update: gradients rescaled (weighted parts) and averaged across ranks, the one read, then
-        :meth:`take_step`."""
+        """End an update: gradients rescaled (weighted parts), the unlabelled batch's added (self-training), averaged
+        across ranks, the one read, then :meth:`take_step`."""
         s = self.settings
         update.weights.rescale(self.params)
+        if self.self_training is not None and self.self_training.active(self.epoch):
+            unlabelled = self.self_training.backward(self)
+            update.totals[0] += unlabelled.double() * 0  # adds nothing, unless NaN or infinite: then the read sees it
         if self.processes.world > 1:
             average_gradients(self.params, self.processes.world)
         every = s.log_every
@@ -395,6 +405,8 @@ class Trainer:
         self.budget.lower(reading.proposal)
         self.batches_done += update.batches
         self.stepped, self.update_batches = reading.finite, update.batches
+        if self.self_training is not None:
+            self.self_training.commit()  # its unlabelled batch is done with the labelled ones
         if not reading.finite:
             self.non_finite(update)
             self.optimizer.zero_grad(set_to_none=True)
@@ -417,10 +429,13 @@ class Trainer:
         """Zero the training pass's sums (on the device: loss sum, batches stepped, real pixels; the confusion
         matrix of the predictions taken in training) and start its clock."""
         self.totals, self.confusion = zero_sums(self.num_classes, self.device)
+        if self.self_training is not None:
+            self.self_training.start_pass(self.device)
         self.started = time.perf_counter()
 
-    def to_device(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(image uint8 [B, C, H, W], mask int64 [B, H, W], sizes int64 [B, 2]) of a collated batch, on the device.
+    def to_device(self, batch) -> tuple[torch.Tensor, ...]:
+        """(image uint8 [B, C, H, W], mask int64 [B, H, W], sizes int64 [B, 2]) of a collated batch, on the device,
+        and its skeleton ``tube`` [B, H, W] (train.skeleton_weight) after them when the batch has one.
 
         Images and masks travel as uint8 (masks as int64 only for more than 255 classes); the model normalises the
         image on the device, and the mask is widened there because cross-entropy takes int64 targets. ``sizes``
@@ -431,7 +446,8 @@ class Trainer:
         sizes = batch.sizes.to(self.device, non_blocking=True)
         if self.settings.channels_last:
             image = image.contiguous(memory_format=torch.channels_last)
-        return image, mask, sizes
+        tube = batch.get("tube") if isinstance(batch, dict) else None
+        return (image, mask, sizes) if tube is None else (image, mask, sizes, tube.to(self.device, non_blocking=True))
 
     def batch_totals(self, parts: list, mask: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
         """float64 [3] on the device: (the batch's loss, 1 batch, its real pixels). The loss of a batch run whole
@@ -487,6 +503,7 @@ class Trainer:
             "bytes_per_pixel": None if self.memory is None else self.memory.bytes_per_pixel,
             "max_pixels": self.budget.pixels,
             "out_of_memory": self.budget.events,
+            **({} if self.self_training is None else self.self_training.row()),
         }
 
     def check_learned(self, batches: int, stepped: float, *, whole: bool, no_class: bool) -> None:
@@ -519,7 +536,7 @@ class Trainer:
         model.eval()
         totals, confusion = zero_sums(self.num_classes, self.device)
         for batch in () if self.val_loader is None else self.val_loader:
-            image, mask, sizes = self.to_device(batch)
+            image, mask, sizes = self.to_device(batch)[:3]
             with autocast(self.device, self.settings.precision):
                 logits = model(image, sizes.clone())
             totals += self.batch_totals([(self.loss(logits, mask), None)], mask, sizes)
@@ -549,6 +566,7 @@ class Trainer:
             "sampler": self.source.state_dict() if hasattr(self.source, "state_dict") else {},
             "memory": self.budget.state_dict(),
             "hooks": self.hook_states(),
+            **({} if self.self_training is None else {"unlabelled": self.self_training.state_dict()}),
             "rng": rng_state(),
         }
 
@@ -590,6 +608,8 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.budget.load_state_dict(state.get("memory"))
         self.best_saved = float(state.get("best_metric", -math.inf))  # what a stop's last.pt records before an epoch
+        if self.self_training is not None and "unlabelled" in state:
+            self.self_training.load_state_dict(state["unlabelled"])
         saved = state.get("hooks") or {}
         for name, hook in zip(self.hook_names, self.hooks):
             if name in saved and hasattr(hook, "load_state_dict"):

@@ -1,0 +1,168 @@
+"""Scans without masks as training data (``data.unlabelled``), for self-training (:mod:`srforge.train.self_training`).
+
+    UnlabelledScans(paths, cache=, image_mode=)   the scans of folders / .zip / .tar[.gz], read like predict.py's
+                                                  inputs (:class:`srforge.data.archive.ScanArchive`): hostile members
+                                                  are refused and listed in ``rejected``, never read
+    UnlabelledStream(scans, ...)                  an endless stream of this rank's size-grouped, padded batches:
+                                                  pass after pass, each pass's order fixed by (seed, pass), its
+                                                  position {pass, done} part of the checkpoint (exact resume)
+
+Sizes come from the image headers (nothing is decoded to list an archive of 136,771 scans); batches are grouped by
+size and cut under the same pixel budget (or batch size) as the labelled ones, padded to the model's divisor with
+the true sizes recorded. Under torchrun each rank takes every world-th batch of one shared list per pass, the list
+cut to a multiple of the world so that every rank has as many (an archive too small to give each rank one batch is
+an error).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from srforge.data.archive import ScanArchive
+from srforge.data.collate import AlignedCollate
+from srforge.data.entry import Entry
+from srforge.data.images import DataError
+from srforge.data.sampling import SizeGroupedBatchSampler
+
+STREAM_SEED = 7919  # added to run.seed: the unlabelled order is not the labelled one
+
+
+class UnlabelledScans(Dataset):
+    """The scans under ``paths`` (each a folder, .zip or .tar[.gz]): sample i -> Entry(image uint8 [C, H, W],
+    name). ``sizes`` [(H, W), ...] from the headers; ``rejected`` [(where, why)] for members refused or whose header
+    does not read (left out, like predict.py's rejected rows). ``cache``: a DecodedCache the images go through.
+    Archives are opened again in each process that reads (DataLoader workers), never shared across a fork."""
+
+    def __init__(self, paths: str | Sequence[str], cache=None, image_mode: str = "RGB"):
+        self.paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+        self.cache, self.image_mode = cache, image_mode
+        self.members: list[tuple[int, int]] = []  # (archive, member)
+        self.sizes: list[tuple[int, int]] = []
+        self.names: list[str] = []
+        self.rejected: list[tuple[str, str]] = []
+        for a, path in enumerate(self.paths):
+            if not path.exists():
+                raise DataError(f"data.unlabelled: {path} does not exist; expected a folder, .zip or .tar of scans.")
+            with ScanArchive(path) as archive:
+                self.rejected += [(f"{path}:{name}", why) for name, why in archive.rejected]
+                for i in range(len(archive)):
+                    try:
+                        size = archive.size(i)
+                    except DataError as error:
+                        self.rejected.append((archive.label(i), str(error)))
+                        continue
+                    self.members.append((a, i))
+                    self.sizes.append(tuple(size))
+                    self.names.append(archive.label(i))
+        if not self.members:
+            raise DataError(
+                f"data.unlabelled: no readable scan in {', '.join(map(str, self.paths))} ({len(self.rejected)} "
+                "member(s) refused); expected images (.png, .jpg, .tif, ...) in a folder, .zip or .tar."
+            )
+        self._open: tuple[int, list[ScanArchive]] | None = None  # (pid, archives) of the process reading
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def _archives(self) -> list[ScanArchive]:
+        if self._open is None or self._open[0] != os.getpid():
+            self._open = (os.getpid(), [ScanArchive(p, cache=self.cache) for p in self.paths])
+        return self._open[1]
+
+    def __getitem__(self, index: int) -> Entry:
+        a, i = self.members[index]
+        image = self._archives()[a].read(i, self.image_mode)
+        if tuple(image.shape[-2:]) != self.sizes[index]:
+            raise DataError(
+                f"{self.names[index]}: the header said {self.sizes[index][0]} x {self.sizes[index][1]} px but the "
+                f"image decodes to {image.shape[-2]} x {image.shape[-1]}; the file changed while training. "
+                "Restart the run once the archive is settled."
+            )
+        return Entry(image=image, name=self.names[index])
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_open": None}  # a worker opens its own handles
+
+
+class UnlabelledStream:
+    """This rank's batches of ``scans``, pass after pass, without end: ``next()`` -> a batch (Entry: image uint8
+    [B, C, Hp, Wp] padded with 0 to ``divisor``, sizes int64 [B, 2], name). Grouped by size under ``max_pixels``
+    (or ``batch_size``), shuffled by (``seed`` + STREAM_SEED, pass). ``state_dict()`` {pass, done} is where the
+    stream stands once its batches are committed (:meth:`commit`, when their update is taken); a stream loaded from
+    it goes on with the batch after."""
+
+    def __init__(  # noqa: PLR0913 (keyword-only options, like the labelled loaders')
+        self,
+        scans: UnlabelledScans,
+        *,
+        divisor: int,
+        seed: int,
+        batch_size: int | None = None,
+        max_pixels: int | None = None,
+        num_replicas: int = 1,
+        rank: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        channels_last: bool = False,
+    ):
+        self.scans, self.num_workers, self.pin_memory = scans, num_workers, pin_memory
+        self.sampler = SizeGroupedBatchSampler(
+            scans.sizes, batch_size=batch_size, max_pixels=max_pixels, divisor=divisor, shuffle=True,
+            seed=seed + STREAM_SEED, num_replicas=num_replicas, rank=rank, drop_last=num_replicas > 1,
+        )  # fmt: skip
+        self.collate = AlignedCollate(divisor, pad={"image": 0}, channels_last=channels_last)
+        self.position = (0, 0)  # (pass, batches done in it) of the last batch committed to a taken update
+        self._cursor = (0, 0)  # of the next batch to hand out
+        self._batches = None
+        if len(self.sampler) == 0:
+            raise DataError(
+                f"data.unlabelled: {len(scans)} scan(s) make fewer batches than the {num_replicas} processes; "
+                "every process needs at least one. Add scans, or lower data.batch_size / data.max_pixels."
+            )
+
+    def __len__(self) -> int:
+        """Batches in one pass, on this rank."""
+        return len(self.sampler)
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        """(pass, batches handed out in it): where the next batch comes from."""
+        return self._cursor
+
+    def state_dict(self) -> dict:
+        """{pass, done}: the committed position (a batch handed out but not committed is drawn again)."""
+        return {"pass": self.position[0], "done": self.position[1]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.close()
+        self.position = self._cursor = (int(state["pass"]), int(state["done"]))
+
+    def close(self) -> None:
+        """End the running pass's loader (and its workers); the next batch starts from the committed position."""
+        self._batches, self._cursor = None, self.position
+
+    def commit(self) -> None:
+        """The batches handed out so far are in a taken update: a checkpoint from now on starts after them."""
+        self.position = self._cursor
+
+    def next(self) -> Entry:
+        """The next batch; a finished pass starts the next."""
+        pass_, done = self._cursor
+        if done >= len(self.sampler):
+            self._batches, pass_, done = None, pass_ + 1, 0
+        if self._batches is None:
+            self.sampler.set_epoch(pass_)
+            loader = DataLoader(
+                self.scans, batch_sampler=list(self.sampler)[done:], collate_fn=self.collate,
+                num_workers=self.num_workers, pin_memory=self.pin_memory,
+            )  # fmt: skip
+            with torch.random.fork_rng(devices=[]):  # the loader's base seed leaves the run's generator as it was
+                self._batches = iter(loader)
+        batch = next(self._batches)
+        self._cursor = (pass_, done + 1)
+        return batch

@@ -1,0 +1,157 @@
+"""Self-training on unlabelled scans (``train.self_training``, ``data.unlabelled``): the EMA teacher labels them,
+the student learns from the pixels the teacher is sure of (mean teacher; DACS and DAFormer take synthetic-to-real
+street scenes the same way).
+
+Each optimizer update, after its labelled batches' backward (and their valid-pixel rescaling) and before the
+gradients are averaged across ranks, takes one batch of this rank's unlabelled stream
+(:class:`srforge.data.unlabelled.UnlabelledStream`):
+
+1. the teacher (``trainer.averaged``, the EMA of the weights) predicts the padded batch at the scans' true sizes;
+2. :func:`pseudo_labels`: each pixel's most likely class where its probability is at least ``confidence``, else
+   the ignore index; padding and anything outside a scan's size are the ignore index too;
+3. :meth:`SelfTraining.student_view`: each scan, cut to its true extent, goes through ``augment`` (a data.augment
+   recipe without ``scale``) with its pseudo-labels, seeded by the stream's position, so that geometric steps move
+   both alike (pixels an affine leaves empty get no label);
+4. the student's cross-entropy over the labelled pixels of that view, times ``weight``, is added to the gradients.
+
+It starts at ``start_epoch`` (1-based), so that the teacher has learned something from the labelled scans first.
+The update's row sums (loss, batches, confident pixels, real pixels) become the metrics row's ``unlabelled_loss``
+(mean over the epoch's updates) and ``confident_share`` (confident pixels over the scans' real pixels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from srforge.config import ConfigError
+from srforge.constants import IGNORE_INDEX
+from srforge.data.crop import sample_seed
+from srforge.data.unlabelled import STREAM_SEED, UnlabelledStream
+from srforge.runtime import distributed
+from srforge.runtime.device import autocast
+from srforge.train.update import no_sync
+
+
+def inside(sizes: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """bool [B, H, W]: True on each scan's true extent (sizes int64 [B, 2] of (h, w), top-left), False on padding."""
+    rows = torch.arange(height, device=sizes.device).view(1, -1, 1) < sizes[:, 0].view(-1, 1, 1)
+    cols = torch.arange(width, device=sizes.device).view(1, 1, -1) < sizes[:, 1].view(-1, 1, 1)
+    return rows & cols
+
+
+def pseudo_labels(
+    logits: torch.Tensor, sizes: torch.Tensor, confidence: float, ignore_index: int = IGNORE_INDEX
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(labels int64 [B, H, W], confident bool [B, H, W]) from the teacher's ``logits`` [B, K, H, W] of a padded
+    batch with true ``sizes`` [B, 2]: the most likely class where its probability is >= ``confidence`` and the pixel
+    lies within its scan, else ``ignore_index``."""
+    probability, label = logits.float().softmax(dim=1).max(dim=1)
+    confident = (probability >= confidence) & inside(sizes, logits.shape[-2], logits.shape[-1])
+    return label.masked_fill(~confident, ignore_index), confident
+
+
+class SelfTraining:
+    """The unlabelled half of each update (module docstring). ``stream`` gives the batches; ``weight``,
+    ``confidence``, ``start_epoch`` and ``augment`` are train.self_training's keys; ``seed`` is run.seed."""
+
+    def __init__(  # noqa: PLR0913 (train.self_training's keys)
+        self,
+        stream: UnlabelledStream,
+        *,
+        weight: float = 1.0,
+        confidence: float = 0.9,
+        start_epoch: int = 1,
+        augment: Mapping | None = None,
+        ignore_index: int = IGNORE_INDEX,
+        seed: int = 0,
+    ):
+        self.stream, self.weight, self.confidence = stream, float(weight), float(confidence)
+        self.start_epoch, self.ignore_index, self.seed = int(start_epoch), ignore_index, seed
+        self.augment = None
+        if augment:
+            from srforge.data.augment import build_augmentation  # torchvision's transforms: only with a recipe
+
+            self.augment = build_augmentation(augment, ignore_index=ignore_index)
+        self.sums: torch.Tensor | None = None
+
+    @classmethod
+    def from_config(cls, spec: Mapping, stream: UnlabelledStream, *, ignore_index: int, seed: int) -> SelfTraining:
+        return cls(stream, **dict(spec), ignore_index=ignore_index, seed=seed)
+
+    def active(self, epoch: int) -> bool:
+        """Whether the 0-based ``epoch`` learns from the unlabelled scans."""
+        return epoch + 1 >= self.start_epoch
+
+    def start_pass(self, device: torch.device) -> None:
+        """Zero the pass's sums: float64 [4] (loss sum, batches, confident pixels, real pixels) on ``device``."""
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)
+
+    def student_view(self, image: torch.Tensor, labels: torch.Tensor, sizes: torch.Tensor) -> tuple:
+        """(image, labels) as the student sees them: each scan's true extent through ``augment`` with its labels
+        (image uint8 [B, C, H, W], labels int64 [B, H, W]; padding unchanged), seeded by the batch's place in the
+        stream. Without a recipe, the same tensors."""
+        if self.augment is None:
+            return image, labels
+        image, labels = image.clone(), labels.clone()
+        pass_, done = self.stream.cursor
+        devices = [image.device] if image.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(sample_seed(self.seed + STREAM_SEED, pass_, done, "student"))
+            for b, (h, w) in enumerate(sizes.tolist()):
+                view, target = self.augment.transform_unbatched(image[b, :, :h, :w], labels[b, :h, :w])
+                image[b, :, :h, :w], labels[b, :h, :w] = view, target
+        return image, labels
+
+    def backward(self, trainer) -> torch.Tensor:
+        """The unlabelled loss of the stream's next batch (module docstring), its gradients times ``weight`` added
+        to ``trainer``'s (DDP's no_sync: the update's one all-reduce follows); returns the loss, detached."""
+        batch = self.stream.next()
+        device, precision = trainer.device, trainer.settings.precision
+        image = batch.image.to(device, non_blocking=True)
+        sizes = batch.sizes.to(device, non_blocking=True)
+        if trainer.settings.channels_last:
+            image = image.contiguous(memory_format=torch.channels_last)
+        teacher = trainer.averaged
+        if teacher is None:
+            raise ConfigError(
+                "train.self_training: the teacher is the EMA of the weights, and this Trainer has none; set train.ema "
+                "(or give the Trainer an EMAHook)."
+            )
+        teacher.eval()
+        with torch.no_grad(), autocast(device, precision):
+            taught = teacher(image, sizes.clone())
+        labels, confident = pseudo_labels(taught, sizes, self.confidence, self.ignore_index)
+        del taught
+        image, labels = self.student_view(image, labels, sizes)
+        counted = (labels != self.ignore_index).sum()
+        with no_sync(trainer.net):
+            with autocast(device, precision):
+                logits = trainer.net(image, sizes.clone())
+            loss = F.cross_entropy(logits.float(), labels, ignore_index=self.ignore_index, reduction="sum")
+            loss = loss / counted.clamp_min(1)
+            trainer.scaler.scale(loss * self.weight).backward()
+        real = sizes.prod(1).sum()
+        self.sums += torch.stack([loss.detach().double(), torch.ones_like(real).double(), confident.sum().double(),
+                                  real.double()])  # fmt: skip
+        return loss.detach()
+
+    def commit(self) -> None:
+        """The update was taken: its batch is done (the stream's checkpointed position moves past it)."""
+        self.stream.commit()
+
+    def row(self) -> dict[str, float]:
+        """The pass's ``unlabelled_loss`` and ``confident_share``, summed across ranks (None before start_epoch)."""
+        loss, batches, confident, real = distributed.reduce_sum(self.sums.clone()).tolist()
+        return {
+            "unlabelled_loss": loss / batches if batches else None,
+            "confident_share": confident / real if real else None,
+        }
+
+    def state_dict(self) -> dict:
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state)
