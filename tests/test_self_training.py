@@ -1,0 +1,207 @@
+"""Self-training on unlabelled scans (data.unlabelled, train.self_training): pseudo-labels worked out by hand, the
+unlabelled stream (hostile members refused, ranks disjoint, its position resumed exactly), the config's refusals, and
+runs that learn from it, stopped and resumed to the same bits."""
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import write
+from test_train import ROOT, TinyStrips, tiny_config, torchrun_two  # noqa: F401 (TinyStrips: imported by the config)
+
+from srforge.config import ConfigError, resolve
+from srforge.data import DataError
+from srforge.data.unlabelled import UnlabelledScans, UnlabelledStream
+from srforge.runtime.checkpoint import load_checkpoint
+from srforge.train import train
+from srforge.train.self_training import pseudo_labels
+
+
+def unlabelled_folder(root: Path, n: int = 7) -> Path:
+    """``n`` scans without masks, 14-17 x 30-84 px, a dark curve on light paper like TinyStrips'."""
+    for i in range(n):
+        rng = np.random.default_rng(100 + i)
+        h, w = 14 + i % 4, 30 + 9 * i
+        pixels = np.full((h, w), 220, np.int64)
+        pixels[h // 2, 2 : w - 2] = 30
+        pixels = (pixels + rng.integers(0, 20, (h, w))).astype(np.uint8)
+        write(root / f"u{i}.png", np.repeat(pixels[..., None], 3, 2))
+    return root
+
+
+def self_training_config(run_dir: Path, unlabelled, self_training: dict | None = None, **train_keys):
+    """tiny_config over 3 epochs with train.ema 0.9, learning from ``unlabelled`` (train.self_training: a weight of 1,
+    confidence 0.6, flips and brightness for the student, updated by ``self_training``)."""
+    cfg = tiny_config(run_dir, ema=0.9, epochs=3, **train_keys).to_dict()
+    spec = {"weight": 1.0, "confidence": 0.6, "augment": {"hflip": 0.5, "color_jitter": {"brightness": 0.2}}}
+    cfg["train"]["self_training"] = {**spec, **(self_training or {})}
+    cfg["data"]["unlabelled"] = str(unlabelled)
+    return resolve(cfg)
+
+
+# -- pseudo-labels --------------------------------------------------------------------------------------------------
+def test_pseudo_labels_keep_confident_pixels_inside_each_scan_only():
+    """Two scans padded to 2 x 3: scan 0 is 2 x 2, scan 1 is 1 x 3. Class-1 probabilities (2 classes) are set by the
+    logit difference d: sigmoid(d). With confidence 0.8, p = 0.9 (class 1) and p = 0.1 (class 0 at 0.9) count,
+    p = 0.6 and 0.4 do not; padding never counts, confident or not."""
+    p = torch.tensor([[[0.9, 0.6, 0.9], [0.1, 0.4, 0.1]], [[0.1, 0.9, 0.5], [0.9, 0.9, 0.9]]])
+    d = torch.log(p / (1 - p))
+    logits = torch.stack([torch.zeros_like(d), d], 1)  # [2, 2, 2, 3]
+    sizes = torch.tensor([[2, 2], [1, 3]])
+    labels, confident = pseudo_labels(logits, sizes, confidence=0.8, ignore_index=255)
+    assert labels.tolist() == [[[1, 255, 255], [0, 255, 255]], [[0, 1, 255], [255, 255, 255]]]
+    assert confident.sum().item() == 4
+    assert pseudo_labels(logits, sizes, confidence=0.0)[1].sum().item() == 4 + 3  # every pixel of both scans
+
+
+# -- the stream -----------------------------------------------------------------------------------------------------
+def test_hostile_members_are_refused_and_named_the_rest_are_read(tmp_path):
+    folder = unlabelled_folder(tmp_path / "scans", n=3)
+    (folder / "notes.txt").write_text("not a scan")
+    (folder / "link.png").symlink_to(folder / "u0.png")
+    archive = tmp_path / "scans.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.write(folder / "u1.png", "ok/u1.png")
+        z.write(folder / "u2.png", "../escape.png")
+    scans = UnlabelledScans([str(folder), str(archive)])
+    assert len(scans) == 4 and scans.sizes[0] == (14, 30)
+    refused = dict(scans.rejected)
+    assert "symlink" in refused[f"{folder}:link.png"] and "not a scan" in refused[f"{folder}:notes.txt"]
+    assert f"{archive}:../escape.png" in refused
+    assert scans[3]["name"] == f"{archive}:ok/u1.png" and scans[3]["image"].shape == (3, 15, 39)
+
+
+def test_an_archive_with_no_readable_scan_is_an_error_naming_it(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("x")
+    with pytest.raises(DataError, match="no readable scan in .*empty .1 member"):
+        UnlabelledScans(str(tmp_path / "empty"))
+
+
+def test_two_ranks_take_disjoint_batches_of_one_pass(tmp_path):
+    scans = UnlabelledScans(str(unlabelled_folder(tmp_path / "scans", n=8)))
+    names = []
+    for rank in (0, 1):
+        stream = UnlabelledStream(scans, divisor=4, seed=0, batch_size=2, num_replicas=2, rank=rank)
+        assert len(stream) == 2  # 4 batches of the 8 scans, dealt to 2 ranks
+        names.append([n for _ in range(len(stream)) for n in stream.next()["name"]])
+    assert not set(names[0]) & set(names[1]) and set(names[0]) | set(names[1]) == set(scans.names)
+    with pytest.raises(DataError, match="8 scan.s. make fewer batches than the 2 processes"):
+        UnlabelledStream(scans, divisor=4, seed=0, batch_size=5, num_replicas=2, rank=0)  # 5 + 3: the short one cut
+
+
+def test_the_stream_goes_on_from_its_committed_position_pass_after_pass(tmp_path):
+    scans = UnlabelledScans(str(unlabelled_folder(tmp_path / "scans", n=5)))
+    stream = UnlabelledStream(scans, divisor=4, seed=1, batch_size=2)  # 3 batches a pass
+    drawn = []
+    for _ in range(7):  # two passes and one batch of the third
+        batch = stream.next()
+        assert batch["image"].shape[-2] % 4 == 0 and batch["sizes"].shape == (len(batch["name"]), 2)
+        drawn.append(batch["name"])
+        stream.commit()
+    assert sorted(n for names in drawn[:3] for n in names) == sorted(scans.names)  # a pass holds every scan once
+    assert drawn[:3] != drawn[3:6]  # each pass in its own order
+    assert stream.state_dict() == {"pass": 2, "done": 1}
+    handed = stream.next()  # handed out, never committed (its update was not taken): a resume draws it again
+    again = UnlabelledStream(scans, divisor=4, seed=1, batch_size=2)
+    again.load_state_dict(stream.state_dict())
+    assert again.next()["name"] == handed["name"]
+    assert again.next()["name"] == stream.next()["name"]
+
+
+# -- config ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"ema": None}, "train.self_training: the teacher is the EMA of the weights, but train.ema is null"),
+        ({"unlabelled": None}, "train.self_training is set but data.unlabelled is null"),
+        ({"self_training": None}, "data.unlabelled is set but train.self_training is null"),
+        ({"self_training": {"augment": {"scale": [0.5, 2]}}}, "train.self_training.augment.scale: the student must"),
+        ({"self_training": {"confidence": 1.5}}, "train.self_training.confidence: expected a probability"),
+        ({"self_training": {"wieght": 1}}, "train.self_training: unknown key 'wieght'"),
+    ],
+)
+def test_self_training_without_its_parts_is_a_config_error(tmp_path, change, expected):
+    cfg = self_training_config(tmp_path / "run", tmp_path).to_dict()
+    cfg["train"]["self_training"] = dict(cfg["train"]["self_training"])
+    for key, value in change.items():
+        section = "data" if key == "unlabelled" else "train"
+        cfg[section][key] = value if not isinstance(value, dict) else {**cfg[section][key], **value}
+    with pytest.raises(ConfigError, match=expected.replace(".", r"\.").replace("(", r"\(")):
+        resolve(cfg)
+
+
+# -- runs -----------------------------------------------------------------------------------------------------------
+def test_a_run_learns_from_unlabelled_scans_and_reports_them(tmp_path, capsys):
+    folder = unlabelled_folder(tmp_path / "scans")
+    (folder / "notes.txt").write_text("x")
+    cfg = self_training_config(tmp_path / "run", folder, self_training={"start_epoch": 2})
+    train(cfg)
+    out = capsys.readouterr().out
+    assert f"srforge: warning: data.unlabelled: left out {folder}:notes.txt: not a scan" in out
+    assert "self-training on 7 unlabelled scan(s)" in out
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["unlabelled_loss"] is None and rows[0]["confident_share"] is None  # before start_epoch
+    for row in rows[1:]:
+        assert row["unlabelled_loss"] > 0 and 0 < row["confident_share"] <= 1
+    # 3 updates an epoch (10 scans: 8 train in batches of 3), one unlabelled batch each from epoch 2 on: 6 batches,
+    # two passes of the 7 unlabelled scans in batches of 3.
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["unlabelled"] == {"pass": 1, "done": 3}
+    assert "val_mean_iou" in rows[-1]
+
+
+def test_a_run_interrupted_while_the_teacher_labels_resumes_to_the_same_bits(tmp_path, monkeypatch):
+    import srforge.train.self_training as self_training
+
+    folder = unlabelled_folder(tmp_path / "scans")
+    train(self_training_config(tmp_path / "straight", folder))
+    real, calls = self_training.pseudo_labels, []
+
+    def interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:  # epoch 2, its second update: the stream has handed out the batch, not committed it
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(self_training, "pseudo_labels", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(self_training_config(tmp_path / "cut", folder))
+    monkeypatch.setattr(self_training, "pseudo_labels", real)
+    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert (saved["epoch"], saved["batches_done"], saved["unlabelled"]) == (1, 1, {"pass": 1, "done": 1})
+    train(self_training_config(tmp_path / "cut", folder), resume=tmp_path / "cut")
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert a["unlabelled"] == b["unlabelled"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    # ... and it can fail: the same run without the unlabelled scans ends elsewhere.
+    plain = train(tiny_config(tmp_path / "plain", ema=0.9, epochs=3))
+    c = load_checkpoint(Path(plain["run_dir"]) / "last.pt")
+    assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
+
+
+@pytest.mark.slow
+def test_two_processes_self_train_on_their_own_unlabelled_batches(tmp_path):
+    folder = unlabelled_folder(tmp_path / "scans", n=9)
+    done = torchrun_two(
+        ROOT / "scripts" / "train.py",
+        "--config",
+        str(ROOT / "configs" / "custom_dataset.yaml"),
+        f"run.dir={tmp_path / 'ddp'}",
+        "data.dataset.args.n=10",
+        "data.batch_size=2",
+        "model.base_channels=4",
+        "train.epochs=2",
+        "train.ema=0.9",
+        f"data.unlabelled={folder}",
+        "train.self_training={weight: 1.0, confidence: 0.6}",
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["unlabelled_loss"] > 0 for r in rows)
+    # 9 scans in 5 batches of 2, cut to 4 for 2 ranks: 2 each a pass; 2 updates an epoch per rank, 2 epochs.
+    assert load_checkpoint(tmp_path / "ddp" / "last.pt")["unlabelled"] == {"pass": 1, "done": 2}
