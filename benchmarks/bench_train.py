@@ -9,7 +9,11 @@ On synthetic well-log scans at 1/8 scale (heights 60-80, widths 400-1,600), one 
   forward+backward at batch 1 on the same scans with no loader: the framework's own cost (goal >= 0.97x on CPU,
   >= 0.9x on CUDA). On CUDA the trainer runs 2 epochs and its second (every shape already seen) is reported;
 - on CUDA, one training step at configs/welllog.yaml's budget (its data.max_pixels of 640 x 4,800 scans, its
-  model and precision), with the peak GPU memory.
+  model and precision), with the peak GPU memory;
+- what the thin-structure loss (``train.skeleton_weight``) and self-training (``train.self_training`` on the
+  quickstart's own images as unlabelled scans) cost: configs/quickstart.yaml trained 2 epochs with data.cache, each
+  setting run twice in turns, the second epoch's seconds (tubes and decoded scans cached) against the plain run's
+  (goal for the skeleton loss <= 1.15x); the first epoch's too, which makes the tubes.
 
 Every strategy runs the same optimizer (AdamW) and loss on the same scans, one epoch each, after a warm-up step on
 every batch shape it will meet on CUDA (kernel selection and allocator blocks are per shape there; on the CPU one
@@ -17,6 +21,7 @@ warm-up step on the largest batch). Timers synchronise with the GPU before they 
 torch.cuda.max_memory_allocated per strategy on CUDA, the process's peak RSS on the CPU.
 
     python benchmarks/bench_train.py [--device cpu|cuda] [--scans 32] [--base-channels 16] [--out FILE.json]
+                                     [--only-extras]
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import yaml
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from srforge.config import resolve  # noqa: E402
+from srforge.config import load_config, resolve  # noqa: E402
 from srforge.data.collate import AlignedCollate  # noqa: E402
 from srforge.data.datasets import SegmentationFolder  # noqa: E402
 from srforge.data.sampling import SizeGroupedBatchSampler  # noqa: E402
@@ -174,6 +179,37 @@ def welllog_budget_step(device: torch.device, repeats: int = 3) -> dict:
     }
 
 
+def extras_cost(tmp: Path, device: torch.device, rounds: int = 2) -> dict:
+    """{setting: (epoch-1 seconds, epoch-2 seconds), mean over ``rounds`` turns} for the quickstart trained plain,
+    with ``train.skeleton_weight=1`` and with self-training on its own images; the ratios against plain."""
+    data = tmp / "quickstart"
+    common = [f"data.synthetic.root={data}", f"data.dataset.args.root={data}", f"data.cache={tmp / 'cache'}",
+              f"run.device={device}", "train.epochs=2"]  # fmt: skip
+    settings = {
+        "plain": [],
+        "skeleton loss": ["train.skeleton_weight=1.0"],
+        "self-training": [f"data.unlabelled={data / 'images'}", "train.ema=0.99",
+                          "train.self_training={weight: 1.0, confidence: 0.9, start_epoch: 1}"],
+    }  # fmt: skip
+    seconds: dict[str, list] = {name: [] for name in settings}
+    for turn in range(rounds + 1):  # turn 0 fills the cache (decoded scans, tubes) and is not counted
+        for name, extra in settings.items():
+            run_dir = tmp / f"extras_{name.replace(' ', '_')}"
+            cfg = load_config(ROOT / "configs" / "quickstart.yaml", [f"run.dir={run_dir}", *common, *extra])
+            train(cfg, overwrite=True)
+            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            if turn:
+                seconds[name].append((rows[0]["seconds"], rows[1]["seconds"]))
+    out = {name: [sum(s[i] for s in runs) / len(runs) for i in (0, 1)] for name, runs in seconds.items()}
+    return {"seconds": out, "vs_plain": {name: out[name][1] / out["plain"][1] for name in out}}
+
+
+def print_extras(extras: dict) -> None:
+    for name, (first, second) in extras["seconds"].items():
+        print(f"quickstart, {name:14} epoch 1 {first:6.2f} s, epoch 2 {second:6.2f} s: {extras['vs_plain'][name]:.2f}x "
+              "the plain run's epoch 2" + (" (goal <= 1.15x)" if name == "skeleton loss" else ""))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N); everything runs there")
@@ -183,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=None, help="folder for the synthetic scans (default: a temporary one)")
     parser.add_argument("--no-welllog", action="store_true", help="skip the welllog-budget step on CUDA")
     parser.add_argument("--out", default="benchmarks/results/bench_train.json")
+    parser.add_argument("--only-extras", action="store_true", help="measure only the skeleton loss and self-training")
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device)  # a CUDA device with its index, or a ValueError naming those there are
@@ -194,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
+    if args.only_extras:
+        with tempfile.TemporaryDirectory() as tmp:
+            print_extras(extras_cost(Path(tmp), device))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.data or Path(tmp) / "scans")
         if not (root / "images").is_dir():
@@ -278,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         trainer = train(cfg)["real_pixels_per_s"]
+        extras = extras_cost(Path(tmp), device)
         welllog = None
         if device.type == "cuda" and not args.no_welllog:
             del model, bare_on_device
@@ -307,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{welllog['precision']}, channels_last {welllog['channels_last']}): {welllog['seconds_per_step']:.3f} "
             f"s/step, {welllog['real_px_per_s']:,.0f} real px/s, peak {welllog['peak_gib']:.1f} GiB"
         )
+    print_extras(extras)
     report = {
+        "extras": extras,
         "device": str(device),
         "device_name": name,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",

@@ -11,6 +11,11 @@ is scored by srforge's evaluator (foreground IoU, micro, and its tolerance F1 wi
 - ``test_other_well``: the renderer on Scorpio E1, a well no training set shows;
 - ``srforge held-out``: srforge's generator as the quickstart has it (own curves, defaults), another seed.
 
+The randomised own-curves generator is also trained with what learns from the target scans without their masks
+(issue 37): self-training (``train.self_training``, the EMA teacher's confident pixels) on the renderer's images
+drawn with other seeds over the dev and test sets' depths (never the test scans), and, as the archive case, on the
+dev and test scans' own images; the thin-structure loss (``train.skeleton_weight``); and both.
+
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
 (TOTEM #9) and 6038187_v1.2.las (Scorpio E1). TOTEM #9's first 60% of depths are written as a LAS file of their
 own: srforge's "LAS curves" variants read it, and so does the renderer's own training set. A threshold baseline
@@ -162,12 +167,55 @@ def randomise_key(keys: dict[str, tuple]) -> str | None:
     return next((k for k, types in keys.items() if k.startswith("random") and bool in types), None)
 
 
-def variants(las_train: Path) -> list[dict]:
+# Self-training (train.self_training) of the best generator variant: the EMA teacher from the first third of the
+# epochs on, its confident pixels under photometric augmentation and flips (the scans' geometry otherwise kept).
+SELF_TRAINING = {"weight": 1.0, "confidence": 0.9,
+                 "augment": {"hflip": 0.5, "color_jitter": {"brightness": 0.3, "contrast": 0.3}, "noise": 0.03}}
+EMA = 0.99
+SKELETON_WEIGHT = 1.0
+UNLABELLED_SEEDS = {"dev": 2001, "test_same_well": 2002, "test_other_well": 2003}
+
+
+def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:
+    """The renderer's scans over each dev and test set's depths drawn with other seeds (UNLABELLED_SEEDS): their
+    image folders alone, what self-training may read (never the test scans themselves, never a mask)."""
+    folders = []
+    for name, seed in UNLABELLED_SEEDS.items():
+        well = log_plotter.read_well(splits["train" if name == "dev" else name])
+        folders.append(log_plotter.write_scans(well, target / name, setting.test_scans, seed=seed,
+                                               scale=setting.scale) / "images")  # fmt: skip
+    return folders
+
+
+def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epochs: int) -> list[dict]:
+    """The generator's randomised own-curves variant (``base``, its overrides) with self-training on each kind of
+    unlabelled scans (from epoch ``epochs`` // 3 + 1 on), with the thin-structure loss, and with both."""
+    rows = []
+    spec = {**SELF_TRAINING, "start_epoch": epochs // 3 + 1}
+
+    def add(name: str, extra: list[str]) -> None:
+        rows.append({"name": f"srforge generator, own curves, randomisation on, {name}", "kind": "srforge",
+                     "overrides": [*base, *extra], "missing": ""})  # fmt: skip
+
+    def learning_from(folders: list[Path]) -> list[str]:
+        return [f"data.unlabelled={json.dumps([str(f) for f in folders])}", f"train.ema={EMA}",
+                f"train.self_training={json.dumps(spec)}"]  # fmt: skip
+
+    add("+ self-training on other renderer scans", learning_from(unlabelled["other seed"]))
+    add("+ self-training on the test scans' images", learning_from(unlabelled["test images"]))
+    add("+ skeleton recall loss", [f"train.skeleton_weight={SKELETON_WEIGHT}"])
+    add("+ both (other renderer scans)", [*learning_from(unlabelled["other seed"]),
+                                          f"train.skeleton_weight={SKELETON_WEIGHT}"])  # fmt: skip
+    return rows
+
+
+def variants(las_train: Path, unlabelled: dict[str, list[Path]] | None = None, epochs: int = 12) -> list[dict]:
     """Each training variant: {"name", "kind": "srforge" | "renderer" | "threshold", "overrides", "missing"}; a
-    variant whose key srforge lacks has ``missing`` (why it is not run)."""
+    variant whose key srforge lacks has ``missing`` (why it is not run). With ``unlabelled`` ({"other seed",
+    "test images"}: image folders), the adaptation variants of the randomised own-curves generator follow."""
     keys = synthetic_keys()
     random_key = randomise_key(keys)
-    rows = []
+    rows, adapted = [], []
     for curves in ("own", "las"):
         for randomised in (False, True):
             overrides, missing = [], []
@@ -182,6 +230,9 @@ def variants(las_train: Path) -> list[dict]:
                 "on" if randomised else "off"
             )
             rows.append({"name": name, "kind": "srforge", "overrides": overrides, "missing": "; ".join(missing)})
+            if unlabelled is not None and curves == "own" and randomised and not missing:
+                adapted = adaptation_variants(overrides, unlabelled, epochs)
+    rows += adapted
     rows.append({"name": "the renderer's own scans (48)", "kind": "renderer", "overrides": [], "missing": ""})
     rows.append({"name": "threshold (best global darkness, chosen on each set)", "kind": "threshold",
                  "overrides": [], "missing": ""})  # fmt: skip
@@ -219,7 +270,8 @@ def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_tr
     """Train ``variant`` for ``seed``; (its best.pt, seconds of training, generation included). srforge's data
     is generated afresh; with ``reuse``, a model trained on the renderer's scans by an earlier run of the same
     renderer, setting and seed is kept (its seconds are that run's)."""
-    slug = "_".join(word.strip(",()") for word in variant["name"].split()[:8]).replace("'", "")
+    words = (word.strip(",()+'").replace("'", "") for word in variant["name"].split()[:14])
+    slug = "_".join(word for word in words if word)
     key = f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}_e{setting.epochs}_d{setting.depth}"
     run_dir = (
         work / "runs" / (f"{slug}_{key}" if variant["kind"] == "srforge" else f"renderer_{renderer_version()}_{key}")
@@ -387,11 +439,17 @@ def main(argv=None) -> int:
 def run(args, setting: Setting, las: dict) -> int:
     """Render and generate the test sets, train and score the chosen variants, print the table, write the JSON."""
     start = time.perf_counter()
-    every = variants(las["train"])
+    sets = render_sets(las, args.work / f"sets_{renderer_version()}_n{setting.test_scans}_s{setting.scale:g}", setting)
+    unlabelled = {
+        "other seed": render_unlabelled(
+            las, args.work / f"unlabelled_{renderer_version()}_n{setting.test_scans}_s{setting.scale:g}", setting
+        ),
+        "test images": [sets[name] / "images" for name in ("dev", "test_same_well", "test_other_well")],
+    }
+    every = variants(las["train"], unlabelled, setting.epochs)
     chosen = [v for v in every if not args.variants or any(w.lower() in v["name"].lower() for w in args.variants)]
     skipped = [v for v in chosen if v["missing"]]
     chosen = [v for v in chosen if not v["missing"]]
-    sets = render_sets(las, args.work / f"sets_{renderer_version()}_n{setting.test_scans}_s{setting.scale:g}", setting)
     sets["srforge_held_out"] = srforge_scans(
         args.work / f"srforge_held_out_n{setting.test_scans}_s{setting.scale:g}", setting, SRFORGE_HELD_OUT_SEED,
         [], setting.test_scans,
