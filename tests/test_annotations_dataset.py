@@ -24,7 +24,7 @@ from annotation_exports import (
 )
 
 from srforge.cli.make_masks import main_make_masks
-from srforge.config import resolve
+from srforge.config import ConfigError, resolve
 from srforge.data.annotations import CocoExport, CvatExport, LabelmeExport
 from srforge.data.cache import DecodedCache
 from srforge.data.images import DataError
@@ -79,6 +79,20 @@ def test_training_on_each_export_gives_the_weights_of_the_mask_folder(tmp_path):
         found = _weights(tmp_path / f"run-{fmt}", export(fmt, tmp_path), cache)
         assert all(torch.equal(value, found[name]) for name, value in reference.items()), fmt
         assert len(list(cache.rglob("*.npy"))) == 4  # two images, two masks: epoch 2 read them from the cache
+
+
+def test_classes_default_to_the_models_class_names_or_the_error_says_to_give_them(tmp_path):
+    from srforge.train.from_config import build_data
+
+    spec = export("labelme", tmp_path)
+    del spec["args"]["classes"]
+    cfg = resolve({"data": {"dataset": spec, "batch_size": 2, "val_fraction": 0.5},
+                   "model": {"num_classes": 3, "class_names": CLASSES}})  # fmt: skip
+    data = build_data(cfg.data, num_classes=3, seed=0, run_dir=tmp_path, class_names=CLASSES)
+    for entry in (data.train[0], data.val[0]):  # mapped by model.class_names: the masks drawn by hand
+        assert np.array_equal(entry["mask"].numpy(), expected_masks()[entry["name"]]), entry["name"]
+    with pytest.raises(ConfigError, match=r"data\.dataset\.args\.classes: .*LabelmeExport maps its labels"):
+        build_data(cfg.data, num_classes=3, seed=0, run_dir=tmp_path, class_names=None)
 
 
 def test_a_cached_mask_is_keyed_by_the_annotations_content(tmp_path):

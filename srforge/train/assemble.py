@@ -39,7 +39,10 @@ def trainer_parts(cfg: Config, processes: Processes, run_dir: Path, ckpt: dict |
     seed_everything(seed)
     depth = cfg.model.depth if cfg.model.class_ in UNET_CLASSES else None  # others' divisors come from them
     k, layout = cfg.model.num_classes, tcfg.channels_last
-    data = build_data(dcfg, num_classes=k, seed=seed, run_dir=run_dir, depth=depth, channels_last=layout)
+    data = build_data(
+        dcfg, num_classes=k, seed=seed, run_dir=run_dir, depth=depth, channels_last=layout,
+        class_names=cfg.model.class_names,
+    )  # fmt: skip
     model, model_args = build_model(cfg.model, device, layout, load_weights=ckpt is None)
     set_checkpointing(model, cfg.model.checkpointing)
     crop_training_scans(data, dcfg.crop, model.size_divisor)

@@ -67,12 +67,30 @@ def training_device(processes: Processes, name: str, precision: str) -> torch.de
     return device
 
 
-def _build(spec: dict, key: str):
+def _build(spec: dict, key: str, class_names: list | None = None):
+    """``Class(**args)`` of a dataset spec. A class that takes ``classes`` (the annotation exports: label names in
+    class-id order) and is not given them gets ``class_names`` (model.class_names), or an error saying to give one."""
     cls = import_object(spec["class"], key)
+    args = dict(spec["args"])
+    if "classes" not in args and "classes" in _parameters(cls):
+        if class_names is None:
+            where = key.rsplit(".", 1)[0]
+            raise ConfigError(
+                f"{where}.args.classes: {spec['class']} maps its labels to class ids by a list of class names, and "
+                f"none is given; set {where}.args.classes (e.g. [background, curve]) or model.class_names."
+            )
+        args["classes"] = list(class_names)
     try:
-        return cls(**spec["args"])
+        return cls(**args)
     except TypeError as exc:
         raise TypeError(f"{key}: could not build {spec['class']} with args {spec['args']}: {exc}") from None
+
+
+def _parameters(cls) -> set[str]:
+    try:
+        return set(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):  # a class whose signature Python cannot read takes what it is given
+        return set()
 
 
 def _sizes(dataset, data: DataSection, key: str, cache: Path) -> list:
@@ -105,6 +123,7 @@ def build_data(
     run_dir: Path,
     depth: int | None = None,
     channels_last: bool = False,
+    class_names: list | None = None,
 ) -> Data:
     """Both sides from the config's ``data`` section: a separate ``val_dataset``, or ``dataset`` split by size.
 
@@ -113,8 +132,10 @@ def build_data(
     the rest of the recipe); both check every mask against ``num_classes`` and the ignore index. A model ``depth``
     whose divisor outgrows every scan (:func:`srforge.geometry.depth_problem`) is a ConfigError before any model
     exists. ``channels_last`` (train.channels_last) is the layout the decoded-scan cache stores images in.
+    ``class_names`` (model.class_names) are the ``classes`` of a Dataset that takes them and is given none (the
+    annotation exports).
     """
-    dataset = _build(data.dataset, "data.dataset.class")
+    dataset = _build(data.dataset, "data.dataset.class", class_names)
     sizes = _sizes(dataset, data, "dataset", run_dir / "sizes_cache.json")
     problem = depth_problem(sizes, depth) if depth is not None else None
     if problem:
@@ -134,7 +155,7 @@ def build_data(
     true = train.sizes_of(sizes)
     largest = train.sizing.largest(true)
     if separate:
-        val_set = _build(data.val_dataset, "data.val_dataset.class")
+        val_set = _build(data.val_dataset, "data.val_dataset.class", class_names)
         val_sizes = _sizes(val_set, data, "val_dataset", run_dir / "val_sizes_cache.json")
         return Data(train, FieldView(val_set, data.fields, **checks), largest, val_sizes, true)
     val = FieldView(dataset, data.fields, val_idx, **checks)
