@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import write
-from test_train import ROOT, TinyStrips, tiny_config, torchrun_two  # noqa: F401 (TinyStrips: imported by the config)
+from test_train import TinyStrips, tiny_config, torchrun_custom_dataset  # noqa: F401 (TinyStrips: imported by the config)
 
 from srforge.config import ConfigError, resolve
 from srforge.data import DataError
@@ -186,19 +186,8 @@ def test_a_run_interrupted_while_the_teacher_labels_resumes_to_the_same_bits(tmp
 @pytest.mark.slow
 def test_two_processes_self_train_on_their_own_unlabelled_batches(tmp_path):
     folder = unlabelled_folder(tmp_path / "scans", n=9)
-    done = torchrun_two(
-        ROOT / "scripts" / "train.py",
-        "--config",
-        str(ROOT / "configs" / "custom_dataset.yaml"),
-        f"run.dir={tmp_path / 'ddp'}",
-        "data.dataset.args.n=10",
-        "data.batch_size=2",
-        "model.base_channels=4",
-        "train.epochs=2",
-        "train.ema=0.9",
-        f"data.unlabelled={folder}",
-        "train.self_training={weight: 1.0, confidence: 0.6}",
-        cwd=ROOT,
+    done = torchrun_custom_dataset(
+        tmp_path / "ddp", "train.ema=0.9", f"data.unlabelled={folder}", "train.self_training={confidence: 0.6}"
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]

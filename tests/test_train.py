@@ -134,19 +134,16 @@ def torchrun_two(script, *args: str, cwd, **env: str) -> subprocess.CompletedPro
     return done
 
 
+def torchrun_custom_dataset(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """scripts/train.py on configs/custom_dataset.yaml in 2 processes: 10 scans in batches of 2, base 4, 2 epochs."""
+    common = ["data.dataset.args.n=10", "data.batch_size=2", "model.base_channels=4", "train.epochs=2"]
+    config = ["--config", str(ROOT / "configs" / "custom_dataset.yaml"), f"run.dir={run_dir}"]
+    return torchrun_two(ROOT / "scripts" / "train.py", *config, *common, *overrides, cwd=ROOT)
+
+
 @pytest.mark.slow
 def test_two_processes_with_torchrun_gloo(tmp_path):
-    done = torchrun_two(
-        ROOT / "scripts" / "train.py",
-        "--config",
-        str(ROOT / "configs" / "custom_dataset.yaml"),
-        f"run.dir={tmp_path / 'ddp'}",
-        "data.dataset.args.n=10",
-        "data.batch_size=2",
-        "model.base_channels=4",
-        "train.epochs=2",
-        cwd=ROOT,
-    )
+    done = torchrun_custom_dataset(tmp_path / "ddp")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     # Only rank 0 writes; 8 training scans in batches of 2 = 4 batches, 2 per rank per epoch.

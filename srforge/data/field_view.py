@@ -29,7 +29,7 @@ from srforge.data.crop import sample_seed
 from srforge.data.entry import Entry
 from srforge.data.images import DataError, invalid_mask_values
 from srforge.data.size_policy import SizePolicy
-from srforge.data.skeleton import skeleton_tube
+from srforge.data.skeleton import TUBE_RADIUS, TUBE_VERSION, skeleton_tube
 
 CANONICAL = ("image", "mask", "name")
 
@@ -174,13 +174,15 @@ class FieldView(Dataset):
 
     def _tube(self, mask: torch.Tensor) -> torch.Tensor:
         """The skeleton tube of ``mask`` [H, W]: through the cache when there is one, keyed by the mask's bytes
-        (whatever Dataset gave it: a file, an annotation, pixels made in memory)."""
+        (whatever Dataset gave it: a file, an annotation, pixels made in memory), the ignore index and the way tubes
+        are made (TUBE_VERSION, TUBE_RADIUS), so that a changed rule never serves an old tube."""
         make = lambda: skeleton_tube(mask, self.ignore_index)  # noqa: E731
         if self.cache is None:
             return make()
         array = np.ascontiguousarray(mask.numpy())
         digest = hashlib.sha256(array.tobytes()).hexdigest()
-        return self.cache.read(["tube", digest, list(array.shape), str(array.dtype)], [], "tube", make)
+        source = ["tube", TUBE_VERSION, TUBE_RADIUS, self.ignore_index, digest, list(array.shape), str(array.dtype)]
+        return self.cache.read(source, [], "tube", make)
 
     def _augmented(self, entry: Entry) -> Entry:
         """``self.augment(entry)``; a tube rides along as a second channel of the mask, so that every geometric step

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 TUBE_RADIUS = 2
+TUBE_VERSION = 1  # raise it when thin() or widen() change what they make: the cache keys tubes by it
 
 
 def _neighbours(padded: np.ndarray) -> list[np.ndarray]:
