@@ -197,12 +197,14 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
         rows.append({"name": f"srforge generator, own curves, randomisation on, {name}", "kind": "srforge",
                      "overrides": [*base, *extra], "missing": ""})  # fmt: skip
 
-    def learning_from(folders: list[Path]) -> list[str]:
+    def learning_from(folders: list[Path], **options) -> list[str]:
         return [f"data.unlabelled={json.dumps([str(f) for f in folders])}", f"train.ema={EMA}",
-                f"train.self_training={json.dumps(spec)}"]  # fmt: skip
+                f"train.self_training={json.dumps({**spec, **options})}"]  # fmt: skip
 
     add("+ self-training on other renderer scans", learning_from(unlabelled["other seed"]))
     add("+ self-training on the test scans' images", learning_from(unlabelled["test images"]))
+    add("+ class-balanced self-training on other renderer scans",
+        learning_from(unlabelled["other seed"], balance=True))  # fmt: skip
     add("+ skeleton recall loss", [f"train.skeleton_weight={SKELETON_WEIGHT}"])
     add("+ both (other renderer scans)", [*learning_from(unlabelled["other seed"]),
                                           f"train.skeleton_weight={SKELETON_WEIGHT}"])  # fmt: skip

@@ -3,6 +3,7 @@ unlabelled stream (hostile members refused, ranks disjoint, its position resumed
 runs that learn from it, stopped and resumed to the same bits."""
 
 import json
+import math
 import zipfile
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from srforge.data import DataError
 from srforge.data.unlabelled import UnlabelledScans, UnlabelledStream
 from srforge.runtime.checkpoint import load_checkpoint
 from srforge.train import train
-from srforge.train.self_training import pseudo_labels
+from srforge.train.self_training import SelfTraining, pseudo_labels
 
 
 def unlabelled_folder(root: Path, n: int = 7) -> Path:
@@ -55,6 +56,18 @@ def test_pseudo_labels_keep_confident_pixels_inside_each_scan_only():
     assert labels.tolist() == [[[1, 255, 255], [0, 255, 255]], [[0, 1, 255], [255, 255, 255]]]
     assert confident.sum().item() == 4
     assert pseudo_labels(logits, sizes, confidence=0.0)[1].sum().item() == 4 + 3  # every pixel of both scans
+
+
+def test_the_balanced_student_loss_weighs_each_class_alike():
+    """Three background pixels with cross-entropy log 2 (logits 0, 0) and one curve pixel with log(1 + e^-2) (logits
+    0, 2), one ignored: the plain mean is (3 log 2 + log(1 + e^-2)) / 4, the balanced one (log 2 + log(1 + e^-2)) / 2."""
+    logits = torch.zeros(1, 2, 2, 3)
+    logits[0, 1, 1, 0] = 2.0
+    labels = torch.tensor([[[0, 0, 0], [1, 255, 255]]])
+    a, b = math.log(2), math.log(1 + math.exp(-2))
+    plain = SelfTraining(None, balance=False).student_loss(logits, labels, torch.tensor(4))
+    balanced = SelfTraining(None, balance=True).student_loss(logits, labels, torch.tensor(4))
+    assert abs(plain.item() - (3 * a + b) / 4) < 1e-6 and abs(balanced.item() - (a + b) / 2) < 1e-6
 
 
 # -- the stream -----------------------------------------------------------------------------------------------------

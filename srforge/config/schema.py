@@ -104,7 +104,7 @@ def unlabelled_paths(value: Any, path: str) -> None:
         raise ConfigError(f"{path}: expected a folder or archive path, or a list of them, found {value!r}.")
 
 
-SELF_TRAINING = {"weight": 1.0, "confidence": 0.9, "start_epoch": 1, "augment": {"hflip": 0.5}}
+SELF_TRAINING = {"weight": 1.0, "confidence": 0.9, "start_epoch": 1, "augment": {"hflip": 0.5}, "balance": False}
 
 
 def self_training_spec(value: Any, path: str) -> None:
@@ -133,6 +133,8 @@ def self_training_spec(value: Any, path: str) -> None:
             "allowed here (flips, affine, color_jitter and noise are)."
         )
     augment_recipe(recipe, f"{path}.augment")
+    if not isinstance(value.get("balance", False), bool):
+        raise ConfigError(f"{path}.balance: expected true or false, found {value['balance']!r}.")
 
 
 def pixel_budget(value: Any, path: str) -> None:
@@ -389,7 +391,7 @@ class TrainSection(Section, path="train"):
     )
     self_training: dict | None = key(
         None,
-        "{weight, confidence, start_epoch, augment}: learn from data.unlabelled's scans through the EMA teacher's "
+        "{weight, confidence, start_epoch, augment, balance}: learn from data.unlabelled's scans through the EMA teacher's "
         "confident predictions (needs train.ema and data.unlabelled); null: off",
         rule=self_training_spec,
     )

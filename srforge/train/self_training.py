@@ -12,7 +12,8 @@ gradients are averaged across ranks, takes one batch of this rank's unlabelled s
 3. :meth:`SelfTraining.student_view`: each scan, cut to its true extent, goes through ``augment`` (a data.augment
    recipe without ``scale``) with its pseudo-labels, seeded by the stream's position, so that geometric steps move
    both alike (pixels an affine leaves empty get no label);
-4. the student's cross-entropy over the labelled pixels of that view, times ``weight``, is added to the gradients.
+4. the student's cross-entropy over the labelled pixels of that view (with ``balance``, each class's mean, averaged
+   over the classes present), times ``weight``, is added to the gradients.
 
 It starts at ``start_epoch`` (1-based), so that the teacher has learned something from the labelled scans first.
 The update's row sums (loss, batches, confident pixels, real pixels) become the metrics row's ``unlabelled_loss``
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from srforge.config import ConfigError
+from srforge.config.schema import SELF_TRAINING
 from srforge.constants import IGNORE_INDEX
 from srforge.data.crop import sample_seed
 from srforge.data.unlabelled import STREAM_SEED, UnlabelledStream
@@ -65,10 +67,11 @@ class SelfTraining:
         confidence: float = 0.9,
         start_epoch: int = 1,
         augment: Mapping | None = None,
+        balance: bool = False,
         ignore_index: int = IGNORE_INDEX,
         seed: int = 0,
     ):
-        self.stream, self.weight, self.confidence = stream, float(weight), float(confidence)
+        self.stream, self.weight, self.confidence, self.balance = stream, float(weight), float(confidence), balance
         self.start_epoch, self.ignore_index, self.seed = int(start_epoch), ignore_index, seed
         self.augment = None
         if augment:
@@ -79,7 +82,8 @@ class SelfTraining:
 
     @classmethod
     def from_config(cls, spec: Mapping, stream: UnlabelledStream, *, ignore_index: int, seed: int) -> SelfTraining:
-        return cls(stream, **dict(spec), ignore_index=ignore_index, seed=seed)
+        """train.self_training's ``spec``, its missing keys at their defaults (srforge.config.schema.SELF_TRAINING)."""
+        return cls(stream, **{**SELF_TRAINING, **dict(spec)}, ignore_index=ignore_index, seed=seed)
 
     def active(self, epoch: int) -> bool:
         """Whether the 0-based ``epoch`` learns from the unlabelled scans."""
@@ -130,13 +134,28 @@ class SelfTraining:
         with no_sync(trainer.net):
             with autocast(device, precision):
                 logits = trainer.net(image, sizes.clone())
-            loss = F.cross_entropy(logits.float(), labels, ignore_index=self.ignore_index, reduction="sum")
-            loss = loss / counted.clamp_min(1)
+            loss = self.student_loss(logits, labels, counted)
             trainer.scaler.scale(loss * self.weight).backward()
         real = sizes.prod(1).sum()
         self.sums += torch.stack([loss.detach().double(), torch.ones_like(real).double(), confident.sum().double(),
                                   real.double()])  # fmt: skip
         return loss.detach()
+
+    def student_loss(self, logits: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of the student's ``logits`` [B, K, H, W] on the pseudo-``labels`` [B, H, W]: the mean over
+        the ``counted`` labelled pixels, or with ``balance`` the mean over the classes present of each class's mean
+        (a thin class weighs as much as the background around it)."""
+        if not self.balance:
+            loss = F.cross_entropy(logits.float(), labels, ignore_index=self.ignore_index, reduction="sum")
+            return loss / counted.clamp_min(1)
+        each = F.cross_entropy(logits.float(), labels, ignore_index=self.ignore_index, reduction="none")
+        kept = labels != self.ignore_index
+        k = logits.shape[1]
+        ids = labels.masked_fill(~kept, 0).flatten()
+        sums = torch.zeros(k, device=logits.device).index_add(0, ids, (each * kept).flatten())
+        counts = torch.zeros(k, device=logits.device).index_add(0, ids, kept.flatten().float())
+        present = counts > 0
+        return (sums / counts.clamp_min(1) * present).sum() / present.sum().clamp_min(1)
 
     def commit(self) -> None:
         """The update was taken: its batch is done (the stream's checkpointed position moves past it)."""
