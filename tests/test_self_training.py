@@ -58,6 +58,17 @@ def test_pseudo_labels_keep_confident_pixels_inside_each_scan_only():
     assert pseudo_labels(logits, sizes, confidence=0.0)[1].sum().item() == 4 + 3  # every pixel of both scans
 
 
+def test_balanced_pseudo_labels_keep_the_more_confident_half_of_each_class():
+    """One 2 x 3 scan, confidence 0.95 (nothing of class 1 reaches it). Class 1's pixels have p = 0.9, 0.6, 0.7: its
+    threshold is their median 0.7; class 0's have p = 0.95, 0.6, 0.9 (class-1 p of 0.05, 0.4, 0.1): median 0.9."""
+    p = torch.tensor([[[0.9, 0.6, 0.7], [0.05, 0.4, 0.1]]])
+    d = torch.log(p / (1 - p))
+    logits = torch.stack([torch.zeros_like(d), d], 1)
+    labels, confident = pseudo_labels(logits, torch.tensor([[2, 3]]), 0.95, 255, balanced=True)
+    assert labels.tolist() == [[[1, 255, 1], [0, 255, 0]]] and confident.sum().item() == 4
+    assert pseudo_labels(logits, torch.tensor([[2, 3]]), 0.95, 255)[0].tolist() == [[[255] * 3, [0, 255, 255]]]
+
+
 def test_the_balanced_student_loss_weighs_each_class_alike():
     """Three background pixels with cross-entropy log 2 (logits 0, 0) and one curve pixel with log(1 + e^-2) (logits
     0, 2), one ignored: the plain mean is (3 log 2 + log(1 + e^-2)) / 4, the balanced one (log 2 + log(1 + e^-2)) / 2."""

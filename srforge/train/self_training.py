@@ -7,13 +7,17 @@ gradients are averaged across ranks, takes one batch of this rank's unlabelled s
 (:class:`srforge.data.unlabelled.UnlabelledStream`):
 
 1. the teacher (``trainer.averaged``, the EMA of the weights) predicts the padded batch at the scans' true sizes;
-2. :func:`pseudo_labels`: each pixel's most likely class where its probability is at least ``confidence``, else
-   the ignore index; padding and anything outside a scan's size are the ignore index too;
+2. :func:`pseudo_labels`: each pixel's most likely class where its probability is at least ``confidence`` (with
+   ``balance``, at least its class's own threshold, the median of the batch's pixels of that class when lower),
+   else the ignore index; padding and anything outside a scan's size are the ignore index too;
 3. :meth:`SelfTraining.student_view`: each scan, cut to its true extent, goes through ``augment`` (a data.augment
    recipe without ``scale``) with its pseudo-labels, seeded by the stream's position, so that geometric steps move
    both alike (pixels an affine leaves empty get no label);
 4. the student's cross-entropy over the labelled pixels of that view (with ``balance``, each class's mean, averaged
    over the classes present), times ``weight``, is added to the gradients.
+
+A teacher that is rarely sure of a thin class (curves: a few per cent of the pixels) labels almost nothing but
+background at a global threshold, and the student then learns to miss curves: ``balance`` is for that.
 
 It starts at ``start_epoch`` (1-based), so that the teacher has learned something from the labelled scans first.
 The update's row sums (loss, batches, confident pixels, real pixels) become the metrics row's ``unlabelled_loss``
@@ -45,13 +49,28 @@ def inside(sizes: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 def pseudo_labels(
-    logits: torch.Tensor, sizes: torch.Tensor, confidence: float, ignore_index: int = IGNORE_INDEX
+    logits: torch.Tensor,
+    sizes: torch.Tensor,
+    confidence: float,
+    ignore_index: int = IGNORE_INDEX,
+    balanced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(labels int64 [B, H, W], confident bool [B, H, W]) from the teacher's ``logits`` [B, K, H, W] of a padded
-    batch with true ``sizes`` [B, 2]: the most likely class where its probability is >= ``confidence`` and the pixel
-    lies within its scan, else ``ignore_index``."""
+    batch with true ``sizes`` [B, 2]: the most likely class where its probability is >= the threshold and the pixel
+    lies within its scan, else ``ignore_index``.
+
+    The threshold is ``confidence``; ``balanced``: each class's own, at most ``confidence``: the median probability
+    of the batch's pixels predicted as that class (class-balanced self-training, Zou et al., ECCV 2018), so that the
+    more confident half of a thin class's pixels is learned even when the teacher is rarely sure of it.
+    """
     probability, label = logits.float().softmax(dim=1).max(dim=1)
-    confident = (probability >= confidence) & inside(sizes, logits.shape[-2], logits.shape[-1])
+    within = inside(sizes, logits.shape[-2], logits.shape[-1])
+    threshold = torch.full((logits.shape[1],), float(confidence), device=logits.device)
+    if balanced:
+        for c in label[within].unique().tolist():
+            mine = probability[within & (label == c)]
+            threshold[c] = torch.minimum(threshold[c], mine.kthvalue((mine.numel() + 1) // 2).values)
+    confident = (probability >= threshold[label]) & within
     return label.masked_fill(~confident, ignore_index), confident
 
 
@@ -127,7 +146,7 @@ class SelfTraining:
         teacher.eval()
         with torch.no_grad(), autocast(device, precision):
             taught = teacher(image, sizes.clone())
-        labels, confident = pseudo_labels(taught, sizes, self.confidence, self.ignore_index)
+        labels, confident = pseudo_labels(taught, sizes, self.confidence, self.ignore_index, self.balance)
         del taught
         image, labels = self.student_view(image, labels, sizes)
         counted = (labels != self.ignore_index).sum()
