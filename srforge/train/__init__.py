@@ -8,7 +8,8 @@ logs, progress, EMA, early stopping, the user's own), ``assemble`` (Trainer.from
 step's measured memory and the pixel budget), ``run`` (:func:`train`: the resume checkpoint, the run folder, the
 synthetic data, the process group), ``prepare`` (checks and the run folder, before anything is written), ``stop``
 (signals held while last.pt is written, a killed DataLoader worker), ``log`` (metrics files, TensorBoard, the
-console), and ``rng``, ``losses``, ``metrics``.
+console), ``self_training`` (learning from unlabelled scans through the EMA teacher), and ``rng``, ``losses``,
+``metrics``.
 """
 
 from srforge.train.from_config import build_data
@@ -16,6 +17,7 @@ from srforge.train.hooks import EarlyStopHook, EMAHook, Hook
 from srforge.train.pixel_budget import PixelBudget, ScanTooLargeError
 from srforge.train.prepare import RunExistsError
 from srforge.train.run import train
+from srforge.train.self_training import SelfTraining
 from srforge.train.settings import TrainSettings
 from srforge.train.stop import WorkerLostError
 from srforge.train.trainer import NonFiniteLossError, Trainer
@@ -28,6 +30,7 @@ __all__ = [
     "EMAHook",
     "EarlyStopHook",
     "PixelBudget",
+    "SelfTraining",
     "build_data",
     "NonFiniteLossError",
     "RunExistsError",

@@ -36,16 +36,10 @@ from srforge.config.schema import SELF_TRAINING
 from srforge.constants import IGNORE_INDEX
 from srforge.data.crop import sample_seed
 from srforge.data.unlabelled import STREAM_SEED, UnlabelledStream
+from srforge.geometry import valid_mask
 from srforge.runtime import distributed
 from srforge.runtime.device import autocast
 from srforge.train.update import no_sync
-
-
-def inside(sizes: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """bool [B, H, W]: True on each scan's true extent (sizes int64 [B, 2] of (h, w), top-left), False on padding."""
-    rows = torch.arange(height, device=sizes.device).view(1, -1, 1) < sizes[:, 0].view(-1, 1, 1)
-    cols = torch.arange(width, device=sizes.device).view(1, 1, -1) < sizes[:, 1].view(-1, 1, 1)
-    return rows & cols
 
 
 def pseudo_labels(
@@ -64,7 +58,7 @@ def pseudo_labels(
     more confident half of a thin class's pixels is learned even when the teacher is rarely sure of it.
     """
     probability, label = logits.float().softmax(dim=1).max(dim=1)
-    within = inside(sizes, logits.shape[-2], logits.shape[-1])
+    within = valid_mask(sizes, logits.shape[-2], logits.shape[-1])[:, 0]
     threshold = torch.full((logits.shape[1],), float(confidence), device=logits.device)
     if balanced:
         for c in label[within].unique().tolist():
