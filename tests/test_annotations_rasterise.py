@@ -111,3 +111,20 @@ def test_coco_strings_decode_as_pycocotools_encodes():
         mask = (rng.random((h, w)) < rng.random()).astype(np.uint8)
         rle = mask_utils.encode(np.asfortranarray(mask))
         assert np.array_equal(runs_to_bitmap(coco_counts(rle["counts"].decode()), h, w, "F"), mask.astype(bool))
+
+
+def test_a_1px_line_along_the_right_or_bottom_border_covers_the_border_pixels():
+    # The line x = 7 on a 7-wide image: column 6's centres (6.5) are exactly half its width away, on its left; their
+    # partners on its right (7.5) are off the image, so the tie goes to the inside (as x = 0 covers column 0).
+    right = drawn(polyline_cover(ring([7, 0], [7, 6]), 0.25, (6, 7)))
+    expected = np.zeros((6, 7), np.uint8)
+    expected[:, 6] = 1
+    assert np.array_equal(right, expected)
+    bottom = drawn(polyline_cover(ring([0, 6], [7, 6]), 0.25, (6, 7)))  # y = 6 on a 6-high image: row 5
+    expected = np.zeros((6, 7), np.uint8)
+    expected[5, :] = 1
+    assert np.array_equal(bottom, expected)
+    left = drawn(polyline_cover(ring([0, 0], [0, 6]), 0.25, (6, 7)))
+    assert np.array_equal(np.flatnonzero(left.any(axis=0)), [0]) and left[:, 0].all()
+    inside = drawn(polyline_cover(ring([3, 0], [3, 6]), 0.25, (6, 7)))  # an inner edge still covers one column
+    assert np.array_equal(np.flatnonzero(inside.any(axis=0)), [3])

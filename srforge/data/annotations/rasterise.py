@@ -10,7 +10,9 @@ shape covers a pixel when it covers the pixel's centre (docs/training.md, "Label
 - a line of width w (a polyline is the union of its segments) covers a centre at distance < w / 2 from a segment,
   and a centre at exactly w / 2 when the offset (vx, vy) from the segment's nearest point to it has vx + vy > 0, or
   vx + vy = 0 and vx > 0 (the centre lies below or right of the line) -- a 1-px line along a pixel edge covers one
-  row or column, never two;
+  row or column, never two; a tie whose partner, the centre's mirror image across the shape, lies outside the image
+  goes to the centre inside it, so that a 1-px line along the right or bottom border covers the border's pixels, as
+  one along the left or top border does;
 - a disc of radius r is a segment of length 0 and width 2r.
 
 Every comparison is made on products of the coordinates (no square roots), so coordinates that are binary
@@ -104,6 +106,11 @@ def _tie_wins(vx: np.ndarray, vy: np.ndarray) -> np.ndarray:
     return (s > 0) | ((s == 0) & (vx > 0))
 
 
+def _off_image(x: np.ndarray, y: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Where the point (x, y) lies on no pixel of an image of ``size`` (H, W)."""
+    return (x < 0) | (x >= size[1]) | (y < 0) | (y >= size[0])
+
+
 def segment_cover(a: np.ndarray, b: np.ndarray, r2: float, size: tuple[int, int]) -> tuple[int, int, np.ndarray] | None:
     """The pixels of an image of ``size`` (H, W) within ``sqrt(r2)`` of the segment from ``a`` to ``b`` (each
     (x, y); a == b: a disc), ties by :func:`_tie_wins`: (top row, left column, bool [h, w] window), or None."""
@@ -125,14 +132,18 @@ def segment_cover(a: np.ndarray, b: np.ndarray, r2: float, size: tuple[int, int]
     vx = np.where(before, ax, px - b[0])
     vy = np.where(before, ay, py - b[1])
     cap = vx * vx + vy * vy
-    cover_cap = (cap < r2) | ((cap == r2) & _tie_wins(vx, vy))
+    # A tie's mirror image across the shape (centre - 2 v) off the image: its partner pixel does not exist, so the
+    # centre inside wins the tie (a line along the right or bottom border would otherwise paint nothing).
+    cover_cap = (cap < r2) | ((cap == r2) & (_tie_wins(vx, vy) | _off_image(px - 2 * vx, py - 2 * vy, size)))
     if length2 == 0:
         return r0, c0, cover_cap
     cross = dx * ay - dy * ax  # (centre - a) = t d + cross / |d|^2 (-dy, dx)
     side = cross * cross
     limit = r2 * length2
     sign = np.sign(cross)
-    cover_side = (side < limit) | ((side == limit) & _tie_wins(sign * -dy, sign * dx))
+    foot_x, foot_y = a[0] + along * dx / length2, a[1] + along * dy / length2  # the nearest point of the line
+    mirrored = _off_image(2 * foot_x - px, 2 * foot_y - py, size)
+    cover_side = (side < limit) | ((side == limit) & (_tie_wins(sign * -dy, sign * dx) | mirrored))
     inside = ~before & ~after
     return r0, c0, np.where(inside, cover_side, cover_cap)
 
