@@ -22,6 +22,7 @@ from annotation_exports import (
     write_labelme,
     write_mask_folder,
 )
+from helpers import write
 
 from srforge.cli.make_masks import main_make_masks
 from srforge.config import ConfigError, resolve
@@ -243,3 +244,165 @@ def test_labelmes_own_examples_train_and_evaluate(tmp_path):
     assert (
         status == 0 and json.loads((tmp_path / "eval" / "metrics.json").read_text())["models"][0]["results"]["scored"]
     )
+
+
+def _coco_with(tmp: Path, edit) -> Path:
+    """The small set as COCO, its document changed by ``edit(document)``."""
+    path = write_coco(tmp / "coco")
+    document = json.loads(path.read_text())
+    edit(document)
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _cvat_with(tmp: Path, old: str, new: str) -> Path:
+    """The small set as CVAT, with ``old`` in its XML replaced by ``new``."""
+    path = write_cvat(tmp / "cvat")
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize("name", ["../../a.png", "ABSOLUTE", "x//a.png"])
+def test_an_image_name_outside_the_images_folder_is_refused_and_make_masks_writes_nothing(tmp_path, name, capsys):
+    name = str(tmp_path / "a.png") if name == "ABSOLUTE" else name
+    reason = {"../../a.png": "'..' component", "x//a.png": "empty path component"}.get(name, "absolute path")
+
+    def rename(document):
+        document["images"][0]["file_name"] = name
+
+    coco = _coco_with(tmp_path, rename)
+    cvat = _cvat_with(tmp_path, 'name="a.png"', f'name="{name}"')
+    write(tmp_path / "a.png", np.zeros((12, 16, 3), np.uint8))  # what ../../a.png and the absolute name point at
+    before = sorted(p for p in tmp_path.rglob("*"))
+    for fmt, path, entry in (("coco", coco, "image entry id 1"), ("cvat", cvat, "<image> id '0'")):
+        message = f"{path}: {entry}: " + (f"file_name {name!r}" if fmt == "coco" else f"name {name!r}")
+        with pytest.raises(
+            DataError, match=re.escape(f"{message} is no relative path under the images folder ({reason})")
+        ):
+            (CocoExport if fmt == "coco" else CvatExport)(path, CLASSES)
+        out = tmp_path / "deep" / "out"
+        assert main_make_masks([str(path), str(out), "--format", fmt, "--classes", ",".join(CLASSES)]) == 2
+        assert message in capsys.readouterr().err
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written anywhere
+
+
+def test_make_masks_refuses_a_target_that_resolves_outside_out(tmp_path):
+    from types import SimpleNamespace
+
+    from srforge.cli.make_masks import _targets
+    from srforge.data.annotations import Scan
+
+    out = tmp_path / "out"
+    escaping = SimpleNamespace(scans=[Scan("../../evil", "export.json", None, b"", None, [])])
+    with pytest.raises(DataError, match=r"export.json: scan '../../evil' would be written to .*outside"):
+        _targets(escaping, out)
+    (tmp_path / "elsewhere").mkdir()
+    out.mkdir()
+    (out / "masks").symlink_to(tmp_path / "elsewhere")  # a link already in OUT leads out of it
+    with pytest.raises(DataError, match=r"scan 'a' would be written to .*masks/a.png.*outside"):
+        _targets(SimpleNamespace(scans=[Scan("a", "export.json", None, b"", None, [])]), out)
+    inside = _targets(SimpleNamespace(scans=[Scan("sub/a", "export.json", None, b"", None, [])]), tmp_path / "o2")
+    assert inside == [(tmp_path / "o2" / "images" / "sub/a.png", tmp_path / "o2" / "masks" / "sub/a.png")]
+
+
+BIG_RLE = {"size": [50000, 50000], "counts": [0, 2500000000]}
+
+
+@pytest.mark.parametrize(
+    "segmentation, found",
+    [
+        ({"size": [12, 16], "counts": [0, 2**70]}, f"run length {2**70} is not an integer in [0, 12 x 16 = 192]"),
+        ({"size": [12, 16], "counts": [5, -5, 192]}, "run length -5 is not an integer in [0, 12 x 16 = 192]"),
+        ({"size": [12, 16], "counts": "0" + "o" * 20}, "count 1 runs past 13 characters"),
+        ({"size": [12, 16], "counts": "1\u00e9"}, "character '\u00e9' at position 1 is not in COCO's RLE alphabet"),
+    ],
+)
+def test_a_coco_rle_out_of_bounds_is_a_problem_naming_the_file_and_annotation(tmp_path, segmentation, found):
+    def damage(document):
+        document["annotations"][1]["segmentation"] = segmentation
+
+    path = _coco_with(tmp_path, damage)
+    with pytest.raises(DataError, match=re.escape(f"{path}: annotation 1 (id 2, 'curve'): ") + ".*" + re.escape(found)):
+        CocoExport(path, CLASSES)
+
+
+def test_a_coco_rle_without_a_stated_size_is_held_to_pils_pixel_limit(tmp_path):
+    def damage(document):
+        del document["images"][0]["height"]
+        document["annotations"][1]["segmentation"] = BIG_RLE
+
+    path = _coco_with(tmp_path, damage)
+    message = "annotation 1 (id 2, 'curve'): run-length size 50000 x 50000 (H x W) is no image srforge reads"
+    with pytest.raises(DataError, match=re.escape(message)):
+        CocoExport(path, CLASSES)
+
+
+@pytest.mark.parametrize(
+    "attributes, found",
+    [
+        ('rle="0,99999999999999999999999"', "run length 99999999999999999999999 is not an integer in [0, 3 x 5 = 15]"),
+        ('rle="0,15" left="inf"', "a mask needs finite numbers left, top, width, height, found {'left': 'inf'"),
+        ('rle="0,2500000000" width="50000" height="50000"', "its 50000 x 50000 (W x H) mask box is larger than"),
+    ],
+)
+def test_a_cvat_mask_out_of_bounds_is_a_problem_naming_the_file_and_shape(tmp_path, attributes, found):
+    path = write_cvat(tmp_path / "cvat")
+    text = path.read_text()
+    start = text.index("<mask ")
+    end = text.index("/>", start)
+    mask = '<mask label="region" occluded="0" rle="0,15" left="8" top="6" width="5" height="3" z_order="0"'
+    for attribute in attributes.split('" '):
+        key, value = attribute.rstrip('"').split('="')
+        mask = re.sub(rf' {key}="[^"]*"', f' {key}="{value}"', mask)
+    path.write_text(text[:start] + mask + text[end:])
+    message = f"{path}: image 'b.png': shape 1 (<mask> 'region'): {found}"
+    with pytest.raises(DataError, match=re.escape(message)):
+        CvatExport(path, CLASSES)
+
+
+@pytest.mark.parametrize("rotation", ["nan", "inf", "abc"])
+def test_a_cvat_box_rotation_must_be_a_finite_number_and_check_data_collects_it(tmp_path, rotation):
+    from srforge.data.annotations.check import check_export
+
+    path = _cvat_with(tmp_path, 'ybr="6"', f'ybr="6" rotation="{rotation}"')
+    message = f"{path}: image 'b.png': shape 0 (<box> 'region'): expected a finite number in 'rotation', found "
+    with pytest.raises(DataError, match=re.escape(f"{message}{rotation!r}")):
+        CvatExport(path, CLASSES)
+    dataset, problems = check_export("cvat", path, {"classes": CLASSES})
+    assert problems == [f"{message}{rotation!r}"]
+
+
+def test_a_turned_cvat_box_is_checked_where_it_is_drawn(tmp_path):
+    # The box (0, 0)-(2**20, 2**20) is within the coordinate bound; turned 45 degrees about its centre its corners
+    # reach 2**19 * (1 + sqrt 2) ~ 1.27e6, past it.
+    path = _cvat_with(
+        tmp_path, 'xtl="1" ytl="2" xbr="5" ybr="6"', f'xtl="0" ytl="0" xbr="{2**20}" ybr="{2**20}" rotation="45"'
+    )
+    message = f"{path}: image 'b.png': shape 0 (<box> 'region') turned 45 degrees: coordinate "
+    with pytest.raises(DataError, match=re.escape(message)):
+        CvatExport(path, CLASSES)
+
+
+def test_a_coordinate_out_of_bounds_is_reported_by_its_value():
+    from srforge.data.annotations.shapes import check_points
+
+    with pytest.raises(ValueError, match=re.escape("here: coordinate 5e+06 is not a pixel position")):
+        check_points([[1, 5e6]], "here")
+    with pytest.raises(ValueError, match=re.escape("here: coordinate -3e+06 is not a pixel position")):
+        check_points([[0, 1], [2, 3], [-3e6, 7]], "here")
+
+
+def test_check_data_collects_a_shape_that_passed_its_reader_but_cannot_be_drawn(tmp_path):
+    from srforge.data.annotations.check import scan_problems
+    from srforge.data.annotations.cvat import read_cvat
+    from srforge.data.annotations.dataset import AnnotatedScans, export_rules
+
+    scans, problems = read_cvat(write_cvat(tmp_path / "cvat"))
+    assert problems == []
+    scans[0].shapes[0].parts = [np.full((4, 2), np.nan)]  # a reader's gap: drawing it fails on NaN
+    dataset = AnnotatedScans(scans, export_rules({"classes": CLASSES}, "cvat"))
+    found = scan_problems(dataset, 0, None)
+    assert len(found) == 1 and found[0].startswith(f"{scans[0].file}: scan 'a': its mask cannot be drawn (ValueError: ")
+    assert scan_problems(dataset, 1, None) == []

@@ -34,11 +34,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _targets(dataset, out: Path) -> list[tuple[Path, Path]]:
-    """(image file, mask file) under ``out`` for every scan of ``dataset``."""
+    """(image file, mask file) under ``out`` for every scan of ``dataset``; a ValueError naming the scan for a target
+    that does not resolve inside ``out`` (a scan's name comes from the export, a file srforge did not write: the
+    readers refuse absolute names and '..', and this is the last guard, which also sees symlinks already in OUT)."""
+    from srforge.data.images import DataError
+
+    root = out.resolve()
     found = []
     for scan in dataset.scans:
         suffix = scan.image.suffix.lower() if scan.image is not None else ".png"
-        found.append((out / "images" / f"{scan.name}{suffix}", out / "masks" / f"{scan.name}.png"))
+        pair = (out / "images" / f"{scan.name}{suffix}", out / "masks" / f"{scan.name}.png")
+        for target in pair:
+            if not target.resolve().is_relative_to(root):
+                raise DataError(
+                    f"{scan.file}: scan {scan.name!r} would be written to {target}, which resolves to "
+                    f"{target.resolve()}, outside {root}; refused: rename the image in the export"
+                )
+        found.append(pair)
     return found
 
 

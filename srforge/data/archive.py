@@ -79,8 +79,9 @@ def _header_need(source, label: str) -> int | DataError | None:
         return None
 
 
-def _unsafe(name: str) -> str | None:
-    """Why a member name must not be used as a relative path (None when it is safe)."""
+def unsafe_name(name: str) -> str | None:
+    """Why a name from a file srforge did not write (an archive member, an export's image) must not be used as a
+    relative path under a folder (None when it is safe): absolute, with a '..' part, or with an empty part."""
     parts = posix_name(name).split("/")
     if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
         return "absolute path"
@@ -227,7 +228,7 @@ class ScanArchive:
         record the rest in ``rejected``."""
         kept: dict[str, tuple[str, object]] = {}  # output stem -> (name, key)
         for name, key, reason in members:
-            reason = reason or _unsafe(name)
+            reason = reason or unsafe_name(name)
             if reason == "directory":
                 continue
             if reason is None and is_hidden(name):

@@ -56,6 +56,8 @@ def scan_problems(dataset: AnnotatedScans, index: int, num_classes: int | None) 
         entry = dataset.load(index)
     except DataError as error:
         return [str(error)]
+    except (ValueError, TypeError, OverflowError) as error:  # a shape that passed its reader but cannot be drawn
+        return [f"{scan.file}: scan {scan.name!r}: its mask cannot be drawn ({type(error).__name__}: {error})"]
     size = displayed(stored, turn)
     found = []
     for shape in scan.shapes:

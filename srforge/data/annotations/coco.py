@@ -13,6 +13,7 @@ from pathlib import Path
 
 from srforge.data.annotations.rasterise import coco_counts, runs_to_bitmap
 from srforge.data.annotations.shapes import Scan, Shape, check_points, default_images, digest
+from srforge.data.archive import unsafe_name
 from srforge.data.images import DataError
 from srforge.data.naming import scan_stem
 
@@ -20,13 +21,20 @@ from srforge.data.naming import scan_stem
 def _rle_shape(rle: dict, label: str, where: str, stated) -> Shape:
     """An RLE segmentation ({counts: list | str, size: [h, w]}) as a bitmap Shape over the whole image."""
     size = rle.get("size")
-    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v >= 0 for v in size)):
+    if not (
+        isinstance(size, list)
+        and len(size) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in size)
+    ):
         raise ValueError(f"{where}: RLE 'size' must be [height, width], found {size!r}")
     if stated is not None and tuple(size) != tuple(stated):
         raise ValueError(f"{where}: RLE size {size} (H, W) but its image is {list(stated)}")
     counts = rle.get("counts")
     if isinstance(counts, str):
-        counts = coco_counts(counts)
+        try:
+            counts = coco_counts(counts)
+        except ValueError as error:
+            raise ValueError(f"{where}: RLE 'counts' string: {error}") from None
     elif not (isinstance(counts, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in counts)):
         raise ValueError(f"{where}: RLE 'counts' must be a list of integers or COCO's string, found {str(counts)[:60]}")
     try:
@@ -62,6 +70,11 @@ def _index(document: dict, path: Path) -> tuple[dict, dict, list[str]]:
     for entry in document["images"]:
         if not isinstance(entry, dict) or "id" not in entry or not isinstance(entry.get("file_name"), str):
             problems.append(f"{path}: image entry {str(entry)[:80]} lacks 'id' or 'file_name'")
+        elif unsafe_name(entry["file_name"]):
+            problems.append(
+                f"{path}: image entry id {entry['id']}: file_name {entry['file_name']!r} is no relative path under "
+                f"the images folder ({unsafe_name(entry['file_name'])}); refused, as it names a file outside it"
+            )
         elif entry["id"] in images:
             problems.append(f"{path}: image id {entry['id']} is listed twice")
         elif scan_stem(entry["file_name"]) in names:

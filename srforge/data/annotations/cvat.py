@@ -18,6 +18,7 @@ import numpy as np
 
 from srforge.data.annotations.rasterise import runs_to_bitmap
 from srforge.data.annotations.shapes import Scan, Shape, check_points, default_images, digest
+from srforge.data.archive import unsafe_name
 from srforge.data.images import DataError
 from srforge.data.naming import scan_stem
 
@@ -58,11 +59,19 @@ def parse_xml(data: bytes, path: Path) -> ET.Element:
     return builder.close()
 
 
-def _float(element: ET.Element, name: str, where: str) -> float:
+def _float(element: ET.Element, name: str, where: str, default: float | None = None) -> float:
+    """The attribute ``name`` as a finite float (``default`` when it is absent or empty and a default is given); a
+    ValueError naming ``where`` otherwise: "nan" and "inf" are numbers to float() but no coordinate or angle."""
+    text = element.attrib.get(name)
+    if default is not None and not text:
+        return default
     try:
-        return float(element.attrib[name])
-    except (KeyError, ValueError):
-        raise ValueError(f"{where}: expected a number in '{name}', found {element.attrib.get(name)!r}") from None
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: expected a finite number in '{name}', found {text!r}")
+    return value
 
 
 def _points(element: ET.Element, where: str) -> np.ndarray:
@@ -78,21 +87,35 @@ def _box(element: ET.Element, where: str) -> list[np.ndarray]:
     """A box's corners as one ring, turned by its ``rotation`` (degrees, clockwise on screen) about its centre."""
     x0, y0, x1, y1 = (_float(element, k, where) for k in ("xtl", "ytl", "xbr", "ybr"))
     ring = check_points([[x0, y0], [x1, y0], [x1, y1], [x0, y1]], where)
-    angle = math.radians(float(element.attrib.get("rotation", 0) or 0))
+    rotation = _float(element, "rotation", where, default=0.0)
+    angle = math.radians(rotation)
     if angle:
         centre = ring.mean(axis=0)
         c, s = math.cos(angle), math.sin(angle)
         offset = ring - centre
-        ring = centre + np.stack([offset[:, 0] * c - offset[:, 1] * s, offset[:, 0] * s + offset[:, 1] * c], axis=1)
+        turned = centre + np.stack([offset[:, 0] * c - offset[:, 1] * s, offset[:, 0] * s + offset[:, 1] * c], axis=1)
+        ring = check_points(turned, f"{where} turned {rotation:g} degrees")  # the drawn ring is what must be a position
     return [ring]
 
 
-def _mask(element: ET.Element, label: str, where: str) -> Shape:
+def _mask(element: ET.Element, label: str, where: str, stated: tuple[int, int] | None) -> Shape:
+    """CVAT's mask: run lengths along the rows of its left/top/width/height box, which must fit in its image's stated
+    (H, W), and in PIL's pixel limit when none is stated (a box of 50,000 x 50,000 px would be a 2.5 GB bitmap)."""
     try:
-        counts = [int(v) for v in element.attrib.get("rle", "").split(",")]
+        # int(float("inf")) is an OverflowError, not a ValueError.
         left, top, width, height = (int(float(element.attrib[k])) for k in ("left", "top", "width", "height"))
-    except (KeyError, ValueError):
-        raise ValueError(f"{where}: a mask needs rle 'n, n, ...' and left, top, width, height") from None
+    except (KeyError, ValueError, OverflowError):
+        box = {k: element.attrib.get(k) for k in ("left", "top", "width", "height")}
+        raise ValueError(f"{where}: a mask needs finite numbers left, top, width, height, found {box}") from None
+    text = element.attrib.get("rle", "")
+    try:
+        counts = [int(v) for v in text.split(",")]
+    except ValueError:  # also a count of more than 4,300 digits, which Python refuses to convert
+        raise ValueError(f"{where}: a mask needs rle 'n, n, ...' (integers), found {text[:60]!r}") from None
+    if stated is not None and (width > stated[1] or height > stated[0]):
+        raise ValueError(
+            f"{where}: its {width} x {height} (W x H) mask box is larger than its {stated[1]} x {stated[0]} image"
+        )
     try:
         bitmap = runs_to_bitmap(counts, height, width, "C")
     except ValueError as error:
@@ -100,14 +123,15 @@ def _mask(element: ET.Element, label: str, where: str) -> Shape:
     return Shape(label, "bitmap", [], where, bitmap=bitmap, origin=(left, top))
 
 
-def read_element(element: ET.Element, index: int) -> Shape:
-    """One shape element of an ``<image>`` as a Shape; a ValueError naming it for anything malformed."""
+def read_element(element: ET.Element, index: int, stated: tuple[int, int] | None = None) -> Shape:
+    """One shape element of an ``<image>`` (of ``stated`` (H, W), None: not stated) as a Shape; a ValueError naming
+    it for anything malformed."""
     label = element.attrib.get("label", "")
     where = f"shape {index} (<{element.tag}> {label!r})"
     if element.tag not in SHAPES:
         raise ValueError(f"{where}: <{element.tag}> is not one of {', '.join(SHAPES)}")
     if element.tag == "mask":
-        return _mask(element, label, where)
+        return _mask(element, label, where, stated)
     if element.tag == "box":
         return Shape(label, "polygon", _box(element, where), where)
     kind = {"polygon": "polygon", "polyline": "line", "points": "points"}[element.tag]
@@ -130,7 +154,7 @@ def read_image(element: ET.Element, path: Path, occluded: str, ignore_label: str
         if hidden and occluded == "skip":
             continue
         try:
-            shape = read_element(child, index)
+            shape = read_element(child, index, _stated(element))
         except ValueError as error:
             problems.append(f"{path}: image {element.attrib.get('name')!r}: {error}")
             continue
@@ -168,6 +192,12 @@ def read_cvat(annotations, images=None, occluded: str = "draw", ignore_label: st
         name = element.attrib.get("name")
         if not name:
             problems.append(f"{path}: an <image> without a name (id {element.attrib.get('id')!r})")
+            continue
+        if unsafe_name(name):
+            problems.append(
+                f"{path}: <image> id {element.attrib.get('id')!r}: name {name!r} is no relative path under the images "
+                f"folder ({unsafe_name(name)}); refused, as it names a file outside it"
+            )
             continue
         if scan_stem(name) in seen:
             problems.append(f"{path}: image {name!r} is listed twice")

@@ -173,33 +173,63 @@ def paint(canvas: np.ndarray, windows, value: int) -> None:
         view[cover] = value
 
 
+def max_pixels() -> int | None:
+    """The most pixels srforge accepts an image of from a file: PIL's ``Image.MAX_IMAGE_PIXELS``, which
+    :func:`srforge.data.images.open_image` holds every image to (None: the user lifted the limit)."""
+    from PIL import Image
+
+    return Image.MAX_IMAGE_PIXELS
+
+
 def runs_to_bitmap(counts: list[int], height: int, width: int, order: str) -> np.ndarray:
     """Alternating run lengths (0s first) as a bool [height, width] bitmap, the runs along rows (``order`` "C":
-    CVAT) or down columns ("F": COCO); a ValueError when they do not add up to height x width."""
-    runs = np.asarray(counts, dtype=np.int64)
-    if runs.ndim != 1 or (runs < 0).any() or int(runs.sum()) != height * width:
+    CVAT) or down columns ("F": COCO); a ValueError when the size passes :func:`max_pixels` or the runs are not
+    integers in [0, height x width] adding up to height x width.
+
+    Everything is checked on the Python integers before numpy sees them: a count past int64 would otherwise be a bare
+    OverflowError, and a size of 50,000 x 50,000 a 2.5 GB bitmap drawn from a few bytes of JSON."""
+    limit, total = max_pixels(), height * width
+    if height < 0 or width < 0 or (limit is not None and total > limit):
         raise ValueError(
-            f"run lengths add up to {int(runs.sum()) if runs.ndim == 1 else '?'} pixels, expected {height} x {width} "
-            f"= {height * width}"
+            f"run-length size {height} x {width} (H x W) is no image srforge reads (expected sizes >= 0"
+            + (f" and at most {limit:,} pixels, PIL.Image.MAX_IMAGE_PIXELS)" if limit is not None else ")")
         )
+    bad = next((c for c in counts if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= total), None)
+    if bad is not None:
+        raise ValueError(f"run length {str(bad)[:40]} is not an integer in [0, {height} x {width} = {total}]")
+    added = sum(counts)
+    if added != total:
+        raise ValueError(f"run lengths add up to {added} pixels, expected {height} x {width} = {total}")
+    runs = np.asarray(counts, dtype=np.int64)
     values = np.arange(len(runs)) % 2 == 1
     flat = np.repeat(values, runs)
     return flat.reshape(width, height).T if order == "F" else flat.reshape(height, width)
 
 
+MAX_COUNT_CHARACTERS = 13  # 13 groups of 5 bits hold any count up to 2**64: one more is no count of an image
+
+
 def coco_counts(text: str) -> list[int]:
     """The run lengths of COCO's compressed RLE string: each count in 5-bit groups, least significant first, as
     characters offset by 48 (0x20 set: more groups follow; 0x10 in the last group: negative), and every count from
-    the fourth on stored as its difference from the count two before it."""
+    the fourth on stored as its difference from the count two before it. A ValueError for a character outside the
+    alphabet or a count of more than MAX_COUNT_CHARACTERS characters (which would otherwise cost quadratic time)."""
     counts: list[int] = []
     value, shift = 0, 0
-    for char in text.encode("ascii"):
-        group = char - 48
+    for at, char in enumerate(text):
+        group = ord(char) - 48
         if not 0 <= group < 64:
-            raise ValueError(f"character {chr(char)!r} is not in COCO's RLE alphabet ('0' to 'o')")
+            raise ValueError(
+                f"character {char!r} at position {at} is not in COCO's RLE alphabet ('0' to 'o'); the string is damaged"
+            )
         value |= (group & 0x1F) << shift
         shift += 5
         if group & 0x20:
+            if shift >= 5 * MAX_COUNT_CHARACTERS:
+                raise ValueError(
+                    f"count {len(counts)} runs past {MAX_COUNT_CHARACTERS} characters at position {at}; no image "
+                    "has a run that long: the string is damaged"
+                )
             continue
         if group & 0x10:
             value -= 1 << shift

@@ -181,9 +181,11 @@ def check_points(points, where: str) -> np.ndarray:
     if len(array) > MAX_POINTS:
         raise ValueError(f"{where}: {len(array):,} points, expected at most {MAX_POINTS:,} a shape")
     if not np.isfinite(array).all() or np.abs(array).max() > MAX_COORDINATE:
-        worst = array[~np.isfinite(array)] if not np.isfinite(array).all() else array[np.abs(array).argmax() // 2]
+        # The first value that is not finite, else the largest in magnitude (argmax indexes the flattened array).
+        flat = array.ravel()
+        worst = flat[~np.isfinite(flat)][0] if not np.isfinite(flat).all() else flat[np.abs(flat).argmax()]
         raise ValueError(
-            f"{where}: coordinate {float(worst.ravel()[0]):g} is not a pixel position of any image (expected finite "
+            f"{where}: coordinate {float(worst):g} is not a pixel position of any image (expected finite "
             f"values within +-{MAX_COORDINATE:,.0f})"
         )
     return array
