@@ -52,3 +52,26 @@ def test_names_are_escaped_and_the_headline_is_metrics_to_three_decimals(tmp_pat
     iou = models[0]["results"]["micro"]["per_class"]["iou"][CLASSES[1]]
     card = f'data-model="A" data-figure="iou" data-class="{html.escape(CLASSES[1])}">{iou:.3f}<'
     assert card in page
+
+
+def test_scans_csv_keeps_names_from_being_read_as_formulas_and_numbers_as_numbers(tmp_path):
+    import csv
+    import io
+
+    from srforge.evaluate.report import write_scans
+
+    names = ["=1+1", "+SUM(A1)", "-2", "@cmd", "plain", "a=b"]
+    table = [{"name": name, "status": "ok", "difference": -0.25 if i else 0.5} for i, name in enumerate(names)]
+    write_scans(tmp_path, table, ["name", "status", "difference"])
+    read = list(csv.DictReader(io.StringIO((tmp_path / "scans.csv").read_text())))
+    assert [r["name"] for r in read] == ["'=1+1", "'+SUM(A1)", "'-2", "'@cmd", "plain", "a=b"]
+    assert [r["difference"] for r in read] == ["0.5"] + ["-0.25"] * 5  # a negative number is no formula
+
+
+def test_a_median_difference_of_zero_is_neither_better_nor_worse():
+    from srforge.evaluate.report import verdict
+
+    same = verdict([{"difference": d} for d in (-0.5, 0.0, 0.5)], "mean_iou_without_bg")
+    assert '<b id="median" class="">0.000</b>' in same and "1</b> of 3 scans, A on" in same
+    worse = verdict([{"difference": d} for d in (-0.5, -0.25, 0.5)], "mean_iou_without_bg")
+    assert '<b id="median" class="worse">-0.250</b>' in worse

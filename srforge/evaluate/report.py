@@ -95,12 +95,25 @@ def _cell(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
+# A text cell starting with one of these is a formula to Excel, LibreOffice and Google Sheets (a scan named
+# "=HYPERLINK(...)" would run when scans.csv is opened): such cells are written behind a single quote, which the
+# spreadsheet shows as text. Numbers are left alone: "-0.25" is a number to every spreadsheet, never a formula.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value) -> str:
+    """One cell of scans.csv: a number as :func:`_cell` writes it, text made printable and kept from being read as a
+    formula."""
+    text = printable(_cell(value))
+    return "'" + text if isinstance(value, str) and text.startswith(FORMULA_STARTS) else text
+
+
 def write_scans(out_dir: Path, table: list[dict], columns: list[str]) -> None:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, columns, extrasaction="ignore")
     writer.writeheader()
     for row in table:
-        writer.writerow({key: printable(_cell(row.get(key))) for key in columns})
+        writer.writerow({key: csv_cell(row.get(key)) for key in columns})
     atomic_write_text(out_dir / "scans.csv", buffer.getvalue())
 
 
@@ -205,10 +218,11 @@ def verdict(table: list[dict], primary: str) -> str:
         return '<p class="verdict" id="verdict">No scan was scored for both models.</p>'
     better, worse = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
     median = statistics.median(diffs)
+    kind = "better" if median > 0 else "worse" if median < 0 else ""  # no difference is neither
     return (
         f'<p class="verdict" id="verdict">B is better on <b id="b-better">{better}</b> of {len(diffs)} scans, A on '
         f'<b id="a-better">{worse}</b>, {len(diffs) - better - worse} equal; the median difference of '
-        f'{text(label(primary))} (B \u2212 A) is <b id="median" class="{"better" if median > 0 else "worse"}">'
+        f'{text(label(primary))} (B \u2212 A) is <b id="median" class="{kind}">'
         f"{'+' if median > 0 else ''}{median:.3f}</b>.</p>"
     )
 
