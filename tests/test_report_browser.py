@@ -372,3 +372,48 @@ def test_a_report_of_10000_scans_has_its_dom_ready_in_under_2_s(browser, tmp_pat
         browser.js("document.getElementById('count').textContent") == "10000 of 10000 scans match, the first 200 shown"
     )
     assert not math.isnan(ready)
+
+
+def _rewrite_data(path: Path, change) -> None:
+    """report.html at ``path`` with its page data changed by ``change(data)`` (kept unable to end its script block)."""
+    page = path.read_text()
+    start = page.index('id="report-data">') + len('id="report-data">')
+    end = page.index("</script>", start)
+    data = json.loads(page[start:end])
+    change(data)
+    path.write_text(page[:start] + json.dumps(data).replace("</", "<\\/") + page[end:])
+
+
+# Before the page's script: Math.min and Math.max refuse more than 8 arguments, as some browsers refuse a call of more
+# than about 65,536 (JavaScriptCore): a page of 12 scans then meets the limit a page of 70,000 meets there.
+CAPPED = (
+    "<script>['min', 'max'].forEach(k => { const f = Math[k]; Math[k] = function () {"
+    " if (arguments.length > 8) { throw new RangeError('too many arguments'); } return f.apply(null, arguments); };"
+    " });</script>"
+)
+
+
+@pytest.mark.slow
+def test_a_scan_named_like_an_objects_property_opens_and_a_broken_plot_leaves_the_rest_working(browser, tmp_path):
+    names = ["constructor", "toString", "__proto__", "hasOwnProperty"]
+    rows_a, rows_b = synthetic_rows(400, 0)[1:13], synthetic_rows(400, 1)[1:13]  # 12 scored rows (every 20th fails)
+    for a, b, name in zip(rows_a, rows_b, names):
+        a["name"] = b["name"] = name
+    write_report(tmp_path, rows_a, rows_b, ["paper", "ink", "margin"])
+    path = tmp_path / "report.html"
+    _rewrite_data(path, lambda data: data.update(pr=None))  # the plot of classes fails to draw
+    path.write_text(path.read_text().replace("<script", CAPPED + "<script", 1))
+    browser.open(path.as_uri())
+    for plot in ("plot-width", "plot-height", "plot-compare"):
+        assert browser.js(f"document.querySelectorAll('#{plot} circle.mark').length") == 12, plot
+    assert browser.js("document.getElementById('plot-classes')") is None
+    broken = browser.js("Array.from(document.querySelectorAll('.broken')).map(e => e.textContent)")
+    assert len(broken) == 1 and broken[0].startswith("the plot of classes could not be drawn (TypeError")
+    assert browser.js(f"{ROWS}.length") == 12  # the table and the viewer still work
+    for name in names:
+        browser.click_on(f"{ROWS}.find(tr => tr.cells[0].textContent === {json.dumps(name)})")
+        assert browser.js("document.getElementById('viewer').classList.contains('open')"), name
+        assert browser.js("document.getElementById('viewer-title').textContent") == name
+        panel = browser.js("document.querySelector('#content .panel').textContent")
+        assert panel.startswith("No picture of this scan"), (name, panel)
+        browser.click_on("document.getElementById('close')")

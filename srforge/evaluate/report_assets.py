@@ -44,6 +44,7 @@ border:1px solid #ccc}
 #content{position:absolute;left:0;top:0;transform-origin:0 0}
 #content img{display:block;image-rendering:pixelated;max-width:none;margin-bottom:4px}
 #content .panel{color:#eee;font-size:12px;white-space:nowrap}
+.broken{color:#c0392b}
 """
 
 SCRIPT = r"""
@@ -51,8 +52,22 @@ SCRIPT = r"""
   "use strict";
   var D = JSON.parse(document.getElementById("report-data").textContent);
   var NS = "http://www.w3.org/2000/svg";
-  var col = {};
+  var col = Object.create(null);  // no inherited keys: a column is found only under its own key
   D.columns.forEach(function (c, i) { col[c.key] = i; });
+
+  // What ``map`` (an object of the page's data) holds under ``key`` itself: scans are keyed by name, and a scan may be
+  // named "constructor" or "toString", which ``map[key]`` would find on Object.prototype.
+  function own(map, key) { return Object.prototype.hasOwnProperty.call(map, key) ? map[key] : undefined; }
+  // One part of the page (a plot, the table, the viewer) run on its own: an error in it is logged and said in its
+  // place, and the other parts still work (an uncaught error would stop the whole script).
+  function guarded(what, where, run) {
+    try {
+      run();
+    } catch (error) {
+      if (window.console) { console.error("report.html: " + what + ":", error); }
+      if (where) { where.appendChild(make("p", {"class": "broken"}, what + " could not be drawn (" + error + ")")); }
+    }
+  }
 
   function make(tag, attrs, text, ns) {
     var node = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
@@ -100,7 +115,9 @@ SCRIPT = r"""
       return typeof r[col[xkey]] === "number" && typeof r[col[ykey]] === "number";
     });
     var xv = pts.map(function (r) { return r[col[xkey]]; });
-    var lo = Math.min.apply(null, xv.concat([Infinity])), hi = Math.max.apply(null, xv.concat([-Infinity]));
+    // A loop, not Math.min.apply: some browsers cap a call's arguments near 65,536, and a plot has a value a scan.
+    var lo = Infinity, hi = -Infinity;
+    xv.forEach(function (v) { if (v < lo) { lo = v; } if (v > hi) { hi = v; } });
     if (diagonal || !isFinite(lo)) { lo = 0; hi = 1; }
     var pad = diagonal ? 0 : (hi - lo) * 0.03;
     var plot = newPlot(id, title, lo - pad, hi + pad, 0, 1);
@@ -131,7 +148,9 @@ SCRIPT = r"""
       var v = r[col[key]];
       if (typeof v === "number") { bins[Math.min(n - 1, Math.max(0, Math.floor(v * n)))] += 1; }
     });
-    var plot = newPlot(id, "scans by " + label, 0, 1, 0, Math.max.apply(null, bins.concat([1])));
+    var top = 1;
+    bins.forEach(function (count) { top = Math.max(top, count); });
+    var plot = newPlot(id, "scans by " + label, 0, 1, 0, top);
     axes(plot, plot.xs, plot.ys, label, "scans");
     bins.forEach(function (count, k) {
       var x = plot.xs(k / n), y = plot.ys(count);
@@ -160,15 +179,25 @@ SCRIPT = r"""
   var tip = document.getElementById("tip");
   var plots = document.getElementById("plots");
   if (plots) {
-    var p = D.primary, plabel = D.labels[p] || p;
-    plots.appendChild(scatter("plot-width", plabel + " against width", "width", p, "width (px)", plabel));
-    plots.appendChild(scatter("plot-height", plabel + " against height", "height", p, "height (px)", plabel));
-    plots.appendChild(histogram("plot-histogram", p, plabel));
-    plots.appendChild(classBars("plot-classes"));
+    var p = D.primary, plabel = own(D.labels, p) || p;
+    var drawn = [
+      ["the plot against width", function () {
+        return scatter("plot-width", plabel + " against width", "width", p, "width (px)", plabel);
+      }],
+      ["the plot against height", function () {
+        return scatter("plot-height", plabel + " against height", "height", p, "height (px)", plabel);
+      }],
+      ["the histogram", function () { return histogram("plot-histogram", p, plabel); }],
+      ["the plot of classes", function () { return classBars("plot-classes"); }]
+    ];
     if (D.compare) {
-      var title = plabel + ": A against B";
-      plots.appendChild(scatter("plot-compare", title, p, D.bkey, plabel + " of A", plabel + " of B", true));
+      drawn.push(["the plot of A against B", function () {
+        return scatter("plot-compare", plabel + ": A against B", p, D.bkey, plabel + " of A", plabel + " of B", true);
+      }]);
     }
+    drawn.forEach(function (part) {
+      guarded(part[0], plots, function () { plots.appendChild(part[1]()); });
+    });
   }
 
   // -- the scan table: sorted and filtered in memory, the first `shown` rows in the DOM ----------------------
@@ -232,7 +261,7 @@ SCRIPT = r"""
       (shown < rows.length ? ", the first " + shown + " shown" : "");
     document.getElementById("more").style.display = shown < rows.length ? "" : "none";
   }
-  if (table) {
+  if (table) guarded("the scan table", table.parentNode, function () {
     head();
     table.appendChild(make("tbody"));
     table.addEventListener("click", function (e) {
@@ -244,7 +273,7 @@ SCRIPT = r"""
     });
     document.getElementById("more").addEventListener("click", function () { state.shown += 5 * PAGE; render(); });
     render();
-  }
+  });
 
   // -- the viewer: a scan's pictures at full resolution, zoomed and panned inside the page -----------------
   var viewer = document.getElementById("viewer"), stage = document.getElementById("stage");
@@ -276,7 +305,7 @@ SCRIPT = r"""
     return h + 22;
   }
   function openScan(name) {
-    var shots = D.pictures[name] || [], files = D.sources[name];
+    var shots = own(D.pictures, name) || [], files = own(D.sources, name);
     var row = D.rows.filter(function (r) { return r[col.name] === name; })[0];
     content.textContent = "";
     var h = 0, w = 1;
@@ -305,7 +334,7 @@ SCRIPT = r"""
     viewer.classList.add("open");
     fit();
   }
-  if (viewer) {
+  if (viewer) guarded("the picture viewer", null, function () {
     document.querySelectorAll("figure img[data-name]").forEach(function (img) {
       img.addEventListener("click", function () { openScan(img.dataset.name); });
     });
@@ -333,6 +362,6 @@ SCRIPT = r"""
     document.addEventListener("keydown", function (e) {
       if (e.key === "Escape") { viewer.classList.remove("open"); }
     });
-  }
+  });
 })();
 """
