@@ -40,7 +40,7 @@ def _checkpoint(model, path, names=("bg", "solid", "dashed")):
     return save_checkpoint({**payload, "class_names": list(names)}, path)
 
 
-def _run(argv):
+def run_export(argv):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main_export(argv)
@@ -55,7 +55,7 @@ def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
     model = _tiny()
     _checkpoint(model, tmp / "best.pt")
-    code, out, err = _run(["--checkpoint", str(tmp / "best.pt"), "--output", str(tmp / "model.onnx")])
+    code, out, err = run_export(["--checkpoint", str(tmp / "best.pt"), "--output", str(tmp / "model.onnx")])
     assert code == 0, err
     return model, tmp / "model.onnx", out
 
@@ -143,7 +143,7 @@ def test_a_missing_extra_is_an_error_that_names_it(missing, tmp_path, monkeypatc
         export_onnx(_tiny(depth=2), tmp_path / "m.onnx")
     assert missing in str(info.value)
     _checkpoint(_tiny(depth=2), tmp_path / "best.pt")
-    code, _, err = _run(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "m.onnx")])
+    code, _, err = run_export(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "m.onnx")])
     assert code == 2 and EXTRA in err and missing in err
     assert not (tmp_path / "m.onnx").exists()
 
@@ -154,16 +154,17 @@ def test_without_onnxruntime_the_export_is_written_and_the_check_skipped_with_a_
     monkeypatch.setattr("srforge.export.onnx.export_onnx", lambda model, out, **kw: Path(shutil.copy(path, out)))
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     _checkpoint(_tiny(), tmp_path / "best.pt")
-    code, out, _ = _run(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "m.onnx")])
+    code, out, _ = run_export(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "m.onnx")])
     assert code == 0 and "not checked" in out and EXTRA in out and (tmp_path / "m.onnx").is_file()
-    code, out, _ = _run(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "n.onnx"), "--no-check"])
+    ckpt = str(tmp_path / "best.pt")
+    code, out, _ = run_export(["--checkpoint", ckpt, "--output", str(tmp_path / "n.onnx"), "--no-check"])
     assert code == 0 and "wrote" in out and "checked" not in out and (tmp_path / "n.onnx").is_file()
     with pytest.raises(ImportError, match="onnxruntime"):
         check_onnx(_tiny(), path)
 
 
 def test_a_missing_checkpoint_is_exit_status_2(tmp_path):
-    code, _, err = _run(["--checkpoint", str(tmp_path / "nope.pt"), "--output", str(tmp_path / "m.onnx")])
+    code, _, err = run_export(["--checkpoint", str(tmp_path / "nope.pt"), "--output", str(tmp_path / "m.onnx")])
     assert code == 2 and "not found" in err
 
 
@@ -178,7 +179,7 @@ def test_an_output_that_cannot_be_written_is_exit_status_2(tmp_path, monkeypatch
     )
     _checkpoint(_tiny(depth=2), tmp_path / "best.pt")
     (tmp_path / "model.onnx").mkdir()
-    code, _, err = _run(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "model.onnx")])
+    code, _, err = run_export(["--checkpoint", str(tmp_path / "best.pt"), "--output", str(tmp_path / "model.onnx")])
     assert code == 2 and "cannot write" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "model.onnx"]  # no temporary left
 
