@@ -9,7 +9,11 @@ writing are included, as a user runs it. Then the quickstart's model (depth 3, b
 quickstart's size. It prints scans/s, the ratio, peak RSS, the share of mask pixels that agree, and the largest
 |logit difference| on one full-size scan; the archive's cost on CPUs follows from the measured rate.
 
-    python benchmarks/bench_onnx.py [--repeats 1] [--out FILE.json]
+With ``--int8`` each model is also exported as a static int8 model (``srforge-export --quantize int8``), calibrated
+on scans drawn apart from the predicted ones (other generator seeds, the same sizes), and predicted in the same way:
+its speed, and how many of its mask pixels agree with eager's.
+
+    python benchmarks/bench_onnx.py [--repeats 1] [--int8] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -49,11 +53,11 @@ def checkpoint(path: Path, base: int, depth: int, classes: int) -> Path:
     return save_checkpoint({**payload, "class_names": names, "ignore_index": 255, "config": {}}, path)
 
 
-def full_size_scans(folder: Path) -> list[Path]:
+def full_size_scans(folder: Path, seed: int = 0) -> list[Path]:
     """Generator scans cut (or tiled side by side) to FULL_SIZES."""
     paths = []
     for i, (h, w) in enumerate(FULL_SIZES):
-        image, _ = welllog_scan(i, seed=0, scale=1.0)
+        image, _ = welllog_scan(i, seed=seed, scale=1.0)
         reps = -(-w // image.shape[1])
         wide = np.concatenate([image] * reps, axis=1)[:h, :w]
         if wide.shape[0] < h:
@@ -64,10 +68,10 @@ def full_size_scans(folder: Path) -> list[Path]:
     return paths
 
 
-def tiny_scans(folder: Path, n: int = 40) -> None:
+def tiny_scans(folder: Path, n: int = 40, seed: int = 1) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(n):
-        image, _ = welllog_scan(i, seed=1, scale=0.0625)
+        image, _ = welllog_scan(i, seed=seed, scale=0.0625)
         Image.fromarray(image).save(folder / f"tiny_{i:03d}.png")
 
 
@@ -113,32 +117,64 @@ def logit_difference(ckpt: Path, onnx: Path, scan: Path) -> float:
     return float((a[..., :h, :w] - b[..., :h, :w]).abs().max())
 
 
-def compare(work: Path, name: str, folder: Path, shape: tuple[int, int, int], repeats: int) -> dict:
-    """Export, then predict ``folder`` with both backends ``repeats`` times (alternating): the medians."""
+def export(ckpt: Path, out: Path, calibrate: Path | None = None) -> float:
+    """srforge-export (int8 when ``calibrate`` names the calibration scans); its seconds."""
+    extra = [] if calibrate is None else ["--quantize", "int8", "--calibrate", str(calibrate)]
+    start = time.perf_counter()
+    assert main_export(["--checkpoint", str(ckpt), "--output", str(out), *extra]) == 0
+    return time.perf_counter() - start
+
+
+def compare(work: Path, name: str, folder: Path, shape: tuple[int, int, int], repeats: int, calibrate=None) -> dict:
+    """Export (and, with ``calibrate``, export as int8 too), then predict ``folder`` with each backend ``repeats``
+    times (alternating): the medians, each backend's masks against eager's."""
     base, depth, classes = shape
     ckpt = checkpoint(work / f"{name}.pt", base, depth, classes)
-    start = time.perf_counter()
-    assert main_export(["--checkpoint", str(ckpt), "--output", str(work / f"{name}.onnx")]) == 0
-    export_s = time.perf_counter() - start
-    runs: dict[str, list] = {"eager": [], "onnx": []}
+    models = {"eager": ckpt, "onnx": work / f"{name}.onnx"}
+    export_s = {"onnx": export(ckpt, models["onnx"])}
+    if calibrate is not None:
+        models["int8"] = work / f"{name}.int8.onnx"
+        export_s["int8"] = export(ckpt, models["int8"], calibrate)
+    runs: dict[str, list] = {backend: [] for backend in models}
     for _ in range(repeats):
-        for backend, model in (("eager", ckpt), ("onnx", work / f"{name}.onnx")):
+        for backend, model in models.items():
             runs[backend].append(run_predict(model, folder, work / f"out-{name}-{backend}"))
     scans = len(list(folder.glob("*.png")))
-    row = {"model": name, "scans": scans, "export_s": round(export_s, 1)}
+    first = sorted(folder.glob("*.png"))[0]
+    row = {"model": name, "scans": scans, "export_s": {k: round(v, 1) for k, v in export_s.items()}}
     for backend, results in runs.items():
         seconds = float(np.median([r["seconds"] for r in results]))
         peak = results[0]["peak_bytes"] / 2**20
         row[backend] = {"seconds": seconds, "scans_per_s": scans / seconds, "peak_mib": peak}
-    row["speedup"] = row["onnx"]["scans_per_s"] / row["eager"]["scans_per_s"]
-    row["agreement"] = agreement(work / f"out-{name}-eager", work / f"out-{name}-onnx")
-    row["max_logit_difference"] = logit_difference(ckpt, work / f"{name}.onnx", sorted(folder.glob("*.png"))[0])
+        if backend != "eager":
+            row[backend]["speedup"] = row[backend]["scans_per_s"] / row["eager"]["scans_per_s"]
+            row[backend]["agreement"] = agreement(work / f"out-{name}-eager", work / f"out-{name}-{backend}")
+            row[backend]["max_logit_difference"] = logit_difference(ckpt, models[backend], first)
     return row
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| model | scans | backend | export s | scans/s | vs eager | peak MiB | masks agreeing with eager "
+          "| max logit diff |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        for backend in ("eager", "onnx", "int8"):
+            if backend not in r:
+                continue
+            b = r[backend]
+            label = {"eager": "PyTorch eager", "onnx": "ONNX Runtime", "int8": "ONNX Runtime int8"}[backend]
+            export_s = r["export_s"].get(backend, "")
+            versus = f"{b['speedup']:.2f}x" if "speedup" in b else ""
+            agree = f"{100 * b['agreement']:.4f}%" if "agreement" in b else ""
+            diff = f"{b['max_logit_difference']:.2e}" if "max_logit_difference" in b else ""
+            print(f"| {r['model']} | {r['scans']} | {label} | {export_s} | {b['scans_per_s']:.3f} | {versus} | "
+                  f"{b['peak_mib']:.0f} | {agree} | {diff} |")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--int8", action="store_true", help="also a static int8 export, calibrated on other scans")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_onnx.json"))
     parser.add_argument("--child")
     args = parser.parse_args()
@@ -147,21 +183,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="srforge-onnx-"))
     full_size_scans(work / "full")
     tiny_scans(work / "tiny")
+    if args.int8:  # calibration scans apart from the predicted ones: other seeds, the same sizes
+        full_size_scans(work / "calibrate-full", seed=1)
+        tiny_scans(work / "calibrate-tiny", n=8, seed=2)
+    calibrate = {name: work / f"calibrate-{name}" if args.int8 else None for name in ("full", "tiny")}
     rows = [
-        compare(work, "welllog", work / "full", (32, 5, 4), args.repeats),
-        compare(work, "quickstart", work / "tiny", (8, 3, 2), args.repeats),
+        compare(work, "welllog", work / "full", (32, 5, 4), args.repeats, calibrate["full"]),
+        compare(work, "quickstart", work / "tiny", (8, 3, 2), args.repeats, calibrate["tiny"]),
     ]
-    print("| model | scans | export s | eager scans/s | ONNX Runtime scans/s | speedup | eager peak MiB | ORT peak MiB "
-          "| masks agreeing | max logit diff |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        print(f"| {r['model']} | {r['scans']} | {r['export_s']} | {r['eager']['scans_per_s']:.3f} | "
-              f"{r['onnx']['scans_per_s']:.3f} | {r['speedup']:.2f}x | {r['eager']['peak_mib']:.0f} | "
-              f"{r['onnx']['peak_mib']:.0f} | {100 * r['agreement']:.4f}% | "
-              f"{r['max_logit_difference']:.2e} |")  # fmt: skip
+    print_table(rows)
     full, cores = rows[0], os.cpu_count() or 1
     pixels = sum(h * w for h, w in FULL_SIZES)
-    for backend in ("eager", "onnx"):
+    for backend in [b for b in ("eager", "onnx", "int8") if b in full]:
         core_seconds = full[backend]["seconds"] * cores * ARCHIVE_PIXELS / pixels  # a mean archive scan's cost
         per_core_hour = 3600 / core_seconds
         print(f"{backend}: about {per_core_hour:.0f} mean archive scans ({ARCHIVE_PIXELS:,} px) a core-hour on these "
