@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import write
+from helpers import rgb, write
 from test_train import TinyStrips, tiny_config, torchrun_custom_dataset  # noqa: F401 (TinyStrips: imported by the config)
 
 from srforge.config import ConfigError, resolve
@@ -128,12 +128,43 @@ def test_the_stream_goes_on_from_its_committed_position_pass_after_pass(tmp_path
         stream.commit()
     assert sorted(n for names in drawn[:3] for n in names) == sorted(scans.names)  # a pass holds every scan once
     assert drawn[:3] != drawn[3:6]  # each pass in its own order
-    assert stream.state_dict() == {"pass": 2, "done": 1}
+    assert stream.state_dict() == {"pass": 2, "done": 1, "max_pixels": None}
     handed = stream.next()  # handed out, never committed (its update was not taken): a resume draws it again
     again = UnlabelledStream(scans, divisor=4, seed=1, batch_size=2)
     again.load_state_dict(stream.state_dict())
     assert again.next()["name"] == handed["name"]
     assert again.next()["name"] == stream.next()["name"]
+
+
+def test_a_stream_under_a_pixel_budget_resumes_where_it_was_whatever_the_passes_lengths(tmp_path):
+    """Under a budget the passes hold different numbers of batches (16 scans of random sizes, 2,500 px: 10, 11, 11,
+    10 and 11 batches). Resumed at pass 1's last batch, or just past it, the stream goes on as the stream never
+    stopped did, each pass measured by its own length; the checkpoint's budget, not one resolved anew, cuts them."""
+    rng = np.random.default_rng(5)
+    sizes = [(int(rng.integers(8, 40)), int(rng.integers(8, 80))) for _ in range(16)]
+    for i, (h, w) in enumerate(sizes):
+        write(tmp_path / "scans" / f"r{i:02d}.png", rgb(h, w, i))
+    scans = UnlabelledScans(str(tmp_path / "scans"))
+    straight = UnlabelledStream(scans, divisor=4, seed=0, max_pixels=2500)
+    lengths = []
+    for p in range(3):
+        straight.sampler.set_epoch(p)
+        lengths.append(len(straight.sampler))
+    assert lengths[1] > lengths[0], lengths  # else this test shows nothing
+    drawn = [straight.next()["name"] for _ in range(lengths[0] + lengths[1] + 1)]
+    for done, expected in ((lengths[1] - 1, drawn[-2]), (lengths[1], drawn[-1])):
+        resumed = UnlabelledStream(scans, divisor=4, seed=0, max_pixels=4000)  # a budget resolved anew
+        resumed.load_state_dict({"pass": 1, "done": done, "max_pixels": 2500})
+        assert resumed.next()["name"] == expected, done
+
+
+def test_scans_larger_than_the_budget_alone_are_left_out_and_named(tmp_path):
+    scans = UnlabelledScans(str(unlabelled_folder(tmp_path / "scans", n=4)))  # 14 x 30 ... 17 x 57 px
+    scans.leave_out(lambda h, w: h * w > 500, "larger than the pixel budget")
+    assert len(scans) == 1 and scans.sizes == [(14, 30)]
+    assert [why for _, why in scans.rejected] == ["larger than the pixel budget"] * 3
+    with pytest.raises(DataError, match="every scan was left out"):
+        scans.leave_out(lambda h, w: True, "too large")
 
 
 # -- config ---------------------------------------------------------------------------------------------------------
@@ -173,7 +204,7 @@ def test_a_run_learns_from_unlabelled_scans_and_reports_them(tmp_path, capsys):
         assert row["unlabelled_loss"] > 0 and 0 < row["confident_share"] <= 1
     # 3 updates an epoch (10 scans: 8 train in batches of 3), one unlabelled batch each from epoch 2 on: 6 batches,
     # two passes of the 7 unlabelled scans in batches of 3.
-    assert load_checkpoint(tmp_path / "run" / "last.pt")["unlabelled"] == {"pass": 1, "done": 3}
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["unlabelled"] == {"pass": 1, "done": 3, "max_pixels": None}
     assert "val_mean_iou" in rows[-1]
 
 
@@ -195,7 +226,7 @@ def test_a_run_interrupted_while_the_teacher_labels_resumes_to_the_same_bits(tmp
         train(self_training_config(tmp_path / "cut", folder))
     monkeypatch.setattr(self_training, "pseudo_labels", real)
     saved = load_checkpoint(tmp_path / "cut" / "last.pt")
-    assert (saved["epoch"], saved["batches_done"], saved["unlabelled"]) == (1, 1, {"pass": 1, "done": 1})
+    assert (saved["epoch"], saved["batches_done"], saved["unlabelled"]) == (1, 1, {"pass": 1, "done": 1, "max_pixels": None})
     train(self_training_config(tmp_path / "cut", folder), resume=tmp_path / "cut")
     a = load_checkpoint(tmp_path / "straight" / "last.pt")
     b = load_checkpoint(tmp_path / "cut" / "last.pt")
@@ -217,4 +248,4 @@ def test_two_processes_self_train_on_their_own_unlabelled_batches(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["unlabelled_loss"] > 0 for r in rows)
     # 9 scans in 5 batches of 2, cut to 4 for 2 ranks: 2 each a pass; 2 updates an epoch per rank, 2 epochs.
-    assert load_checkpoint(tmp_path / "ddp" / "last.pt")["unlabelled"] == {"pass": 1, "done": 2}
+    assert load_checkpoint(tmp_path / "ddp" / "last.pt")["unlabelled"] == {"pass": 1, "done": 2, "max_pixels": None}

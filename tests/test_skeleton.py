@@ -24,13 +24,25 @@ def test_a_one_pixel_curve_is_its_own_tube():
     assert torch.equal(skeleton_tube(mask, 255), mask)
 
 
+def test_a_two_pixel_diagonal_line_keeps_its_tube_and_a_2x2_speck_has_none():
+    """A 45-degree line 2 px wide (Zhang and Suen's rule erases it to 2 px; Lü and Wang's keeps it): its tube is the
+    whole line. A 2 x 2 speck is no curve: it thins away and has no tube."""
+    mask = torch.zeros(20, 20, dtype=torch.uint8)
+    for i in range(15):
+        mask[i + 2, i + 2] = mask[i + 2, i + 3] = 1
+    assert torch.equal(skeleton_tube(mask, 255), mask)
+    speck = torch.zeros(6, 6, dtype=torch.uint8)
+    speck[2:4, 2:4] = 1
+    assert skeleton_tube(speck, 255).eq(0).all()
+
+
 def test_a_three_pixel_band_is_covered_but_for_its_far_corners():
-    """Zhang-Suen thins the 3 x 10 band (rows 3-5, columns 2-11) to its middle row, columns 3-9; the diamond of radius
+    """Zhang-Suen thins the 3 x 10 band (rows 3-5, columns 2-11) to its middle row, columns 2-9; the diamond of radius
     2 around it covers the band but for (3, 11) and (5, 11), at L1 distance 3 from (4, 9)."""
     band = torch.zeros(9, 14, dtype=torch.uint8)
     band[3:6, 2:12] = 1
     skeleton = np.zeros((9, 14), bool)
-    skeleton[4, 3:10] = True
+    skeleton[4, 2:10] = True
     assert np.array_equal(thin(band.numpy() > 0), skeleton)
     expected = band.clone()
     expected[3, 11] = expected[5, 11] = 0
@@ -38,14 +50,14 @@ def test_a_three_pixel_band_is_covered_but_for_its_far_corners():
 
 
 def test_a_thick_blob_keeps_a_band_around_its_medial_line_and_ignore_is_no_class():
-    """A 9 x 14 blob of class 2 keeps the 5 rows around its skeleton (row 6, columns 5-9), as a diamond; the ignore
+    """A 9 x 14 blob of class 2 keeps the 5 rows around its skeleton (row 6, columns 4-9), as a diamond; the ignore
     index and background have no tube."""
     mask = torch.zeros(13, 16, dtype=torch.uint8)
     mask[2:11, 1:15] = 2
     mask[0, :] = 255
     tube = skeleton_tube(mask, 255)
     skeleton = np.zeros((13, 16), bool)
-    skeleton[6, 5:10] = True
+    skeleton[6, 4:10] = True
     assert np.array_equal(thin(mask.numpy() == 2), skeleton)
     assert torch.equal(tube, torch.from_numpy(widen(skeleton, 2) * 2).to(torch.uint8))
     assert set(tube.unique().tolist()) == {0, 2} and tube[0].eq(0).all()
@@ -115,3 +127,18 @@ def test_a_run_with_the_skeleton_loss_trains_on_padded_batches_with_tubes(tmp_pa
     assert with_loss["train_loss"] > without["train_loss"]
     rows = [json.loads(x) for x in (tmp_path / "skeleton" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["epoch"] == 1
+
+
+def test_a_rescaled_tube_never_names_another_class_than_its_mask():
+    """Class 1 fills rows 0-8 of a 12 x 12 mask and a class-2 line runs along row 9. Halved, the mask gives row 4 to
+    class 1 (it covers more of those pixels); the tube, resampled alone, would give that row to class 2, whose tube
+    is all it holds there: the tube keeps no pixel where it disagrees with the mask."""
+    from srforge.data.rescale import rescale, rescale_mask
+
+    mask = torch.zeros(12, 12, dtype=torch.uint8)
+    mask[0:9, :], mask[9, :] = 1, 2
+    tube = skeleton_tube(mask, 255)
+    assert rescale_mask(tube, (6, 6), 255)[4].eq(2).all()  # what the tube alone would say
+    out = rescale({"image": torch.zeros(3, 12, 12, dtype=torch.uint8), "mask": mask, "tube": tube}, 0.5, 255)
+    assert out["mask"][4].eq(1).all() and out["tube"][4].eq(0).all()
+    assert ((out["tube"] == 0) | (out["tube"] == out["mask"])).all()

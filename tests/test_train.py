@@ -47,6 +47,23 @@ class TinyStrips(Dataset):
         return {"id": f"strip_{i:03d}", "scan": scan, "labels": labels}
 
 
+class OptionalClasses(TinyStrips):
+    """A user's Dataset whose ``classes`` is optional: srforge leaves it to the class."""
+
+    def __init__(self, n=10, classes=None):
+        super().__init__(n)
+        self.classes = classes
+
+
+def test_a_dataset_whose_classes_are_optional_is_built_with_its_own_default(tmp_path):
+    from srforge.train.from_config import build_data
+
+    cfg = tiny_config(tmp_path / "run").to_dict()
+    cfg["data"]["dataset"] = {"class": "test_train:OptionalClasses", "args": {"n": 10}}
+    data = build_data(resolve(cfg).data, num_classes=2, seed=0, run_dir=tmp_path, class_names=["paper", "ink"])
+    assert data.train.dataset.classes is None
+
+
 def tiny_config(run_dir, **train):
     return resolve(
         {

@@ -113,7 +113,9 @@ def self_training_spec(value: Any, path: str) -> None:
     if value is None:
         return
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{path}: expected {{weight, confidence, start_epoch, augment}} or null, found {value!r}.")
+        raise ConfigError(
+            f"{path}: expected {{weight, confidence, start_epoch, augment, balance}} or null, found {value!r}."
+        )
     unknown = sorted(set(value) - set(SELF_TRAINING))
     if unknown:
         raise ConfigError(f"{path}: unknown key {unknown[0]!r}; expected {', '.join(SELF_TRAINING)}.")

@@ -184,5 +184,7 @@ def rescale(sample: dict, factor: float, ignore_index: int = IGNORE_INDEX) -> di
     if sample.get("mask") is not None:
         sample["mask"] = rescale_mask(torch.as_tensor(sample["mask"]), size, ignore_index)
     if sample.get("tube") is not None:
-        sample["tube"] = rescale_mask(torch.as_tensor(sample["tube"]), size, ignore_index)
+        tube = rescale_mask(torch.as_tensor(sample["tube"]), size, ignore_index)
+        # Resampled alone, the tube may pick another class than the mask where two classes meet: none there.
+        sample["tube"] = tube.masked_fill(tube != sample["mask"].to(tube.dtype), 0)
     return sample

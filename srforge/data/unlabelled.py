@@ -69,7 +69,20 @@ class UnlabelledScans(Dataset):
     def __len__(self) -> int:
         return len(self.members)
 
+    def leave_out(self, too_large, why: str) -> None:
+        """Leave out the scans whose (H, W) ``too_large(h, w)`` is true, each listed in ``rejected`` with ``why``;
+        an error when none is left."""
+        keep = [i for i, (h, w) in enumerate(self.sizes) if not too_large(h, w)]
+        kept = set(keep)
+        self.rejected += [(self.names[i], why) for i in range(len(self.members)) if i not in kept]
+        self.members = [self.members[i] for i in keep]
+        self.sizes = [self.sizes[i] for i in keep]
+        self.names = [self.names[i] for i in keep]
+        if not self.members:
+            raise DataError(f"data.unlabelled: every scan was left out ({why}); nothing to learn from.")
+
     def _archives(self) -> list[ScanArchive]:
+        """The archives, opened by the process that reads (after a fork, anew)."""
         if self._open is None or self._open[0] != os.getpid():
             self._open = (os.getpid(), [ScanArchive(p, cache=self.cache) for p in self.paths])
         return self._open[1]
@@ -135,12 +148,17 @@ class UnlabelledStream:
         return self._cursor
 
     def state_dict(self) -> dict:
-        """{pass, done}: the committed position (a batch handed out but not committed is drawn again)."""
-        return {"pass": self.position[0], "done": self.position[1]}
+        """{pass, done, max_pixels}: the committed position (a batch handed out but not committed is drawn again)
+        and the budget the passes are cut by."""
+        return {"pass": self.position[0], "done": self.position[1], "max_pixels": self.sampler.max_pixels}
 
     def load_state_dict(self, state: dict) -> None:
+        """Go on from a checkpoint's position, the passes cut by its budget (a budget resolved anew, e.g.
+        data.max_pixels: auto on this start's free memory, would cut other batches and move the position)."""
         self.close()
         self.position = self._cursor = (int(state["pass"]), int(state["done"]))
+        if state.get("max_pixels") is not None and self.sampler.max_pixels is not None:
+            self.sampler.max_pixels = int(state["max_pixels"])
 
     def close(self) -> None:
         """End the running pass's loader (and its workers); the next batch starts from the committed position."""
@@ -153,6 +171,7 @@ class UnlabelledStream:
     def next(self) -> Entry:
         """The next batch; a finished pass starts the next."""
         pass_, done = self._cursor
+        self.sampler.set_epoch(pass_)  # the pass's own length: under a pixel budget it varies from pass to pass
         if done >= len(self.sampler):
             self._batches, pass_, done = None, pass_ + 1, 0
         if self._batches is None:

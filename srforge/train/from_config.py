@@ -72,7 +72,7 @@ def _build(spec: dict, key: str, class_names: list | None = None):
     class-id order) and is not given them gets ``class_names`` (model.class_names), or an error saying to give one."""
     cls = import_object(spec["class"], key)
     args = dict(spec["args"])
-    if "classes" not in args and "classes" in _parameters(cls):
+    if "classes" not in args and _required(cls, "classes"):
         if class_names is None:
             where = key.rsplit(".", 1)[0]
             raise ConfigError(
@@ -83,14 +83,16 @@ def _build(spec: dict, key: str, class_names: list | None = None):
     try:
         return cls(**args)
     except TypeError as exc:
-        raise TypeError(f"{key}: could not build {spec['class']} with args {spec['args']}: {exc}") from None
+        raise TypeError(f"{key}: could not build {spec['class']} with args {args}: {exc}") from None
 
 
-def _parameters(cls) -> set[str]:
+def _required(cls, name: str) -> bool:
+    """Whether ``cls`` takes ``name`` without a default (an optional one is the class's to fill)."""
     try:
-        return set(inspect.signature(cls).parameters)
+        parameter = inspect.signature(cls).parameters.get(name)
     except (TypeError, ValueError):  # a class whose signature Python cannot read takes what it is given
-        return set()
+        return False
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 def _sizes(dataset, data: DataSection, key: str, cache: Path) -> list:
@@ -351,14 +353,17 @@ def build_self_training(
         return None
     paths = [dcfg.unlabelled] if isinstance(dcfg.unlabelled, str) else list(dcfg.unlabelled)
     scans = UnlabelledScans(paths, cache=data.train.cache, image_mode=getattr(data.train.dataset, "image_mode", "RGB"))
+    budget = None if dcfg.max_pixels is None else max_pixels or dcfg.max_pixels
+    if budget is not None:  # a scan the budget cannot hold alone would run out of memory: left out, said
+        scans.leave_out(lambda h, w: math.prod(aligned_size(h, w, divisor)) > budget,
+                        f"larger than the pixel budget of {budget:,} px alone (data.max_pixels)")  # fmt: skip
     if processes.main:
         for where, why in scans.rejected:
             print(f"srforge: warning: data.unlabelled: left out {where}: {why}")
         print(f"srforge: self-training on {len(scans):,} unlabelled scan(s) from {', '.join(paths)}")
     stream = UnlabelledStream(
         scans, divisor=divisor, seed=cfg.run.seed,
-        batch_size=dcfg.batch_size if dcfg.max_pixels is None else None,
-        max_pixels=None if dcfg.max_pixels is None else max_pixels or dcfg.max_pixels,
+        batch_size=dcfg.batch_size if budget is None else None, max_pixels=budget,
         num_replicas=processes.world, rank=processes.rank, num_workers=dcfg.num_workers,
         pin_memory=device.type == "cuda", channels_last=cfg.train.channels_last,
     )  # fmt: skip

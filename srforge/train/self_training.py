@@ -92,6 +92,7 @@ class SelfTraining:
 
             self.augment = build_augmentation(augment, ignore_index=ignore_index)
         self.sums: torch.Tensor | None = None
+        self.pending: torch.Tensor | None = None  # the running update's sums, until it is taken
 
     @classmethod
     def from_config(cls, spec: Mapping, stream: UnlabelledStream, *, ignore_index: int, seed: int) -> SelfTraining:
@@ -106,10 +107,10 @@ class SelfTraining:
         """Zero the pass's sums: float64 [4] (loss sum, batches, confident pixels, real pixels) on ``device``."""
         self.sums = torch.zeros(4, dtype=torch.float64, device=device)
 
-    def student_view(self, image: torch.Tensor, labels: torch.Tensor, sizes: torch.Tensor) -> tuple:
-        """(image, labels) as the student sees them: each scan's true extent through ``augment`` with its labels
-        (image uint8 [B, C, H, W], labels int64 [B, H, W]; padding unchanged), seeded by the batch's place in the
-        stream. Without a recipe, the same tensors."""
+    def student_view(self, image: torch.Tensor, labels: torch.Tensor, sizes: list) -> tuple:
+        """(image, labels) as the student sees them: each scan's true extent (``sizes``, [(h, w), ...]) through
+        ``augment`` with its labels (image uint8 [B, C, H, W], labels int64 [B, H, W]; padding unchanged), seeded by
+        the batch's place in the stream. Without a recipe, the same tensors."""
         if self.augment is None:
             return image, labels
         image, labels = image.clone(), labels.clone()
@@ -117,7 +118,7 @@ class SelfTraining:
         devices = [image.device] if image.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(sample_seed(self.seed + STREAM_SEED, pass_, done, "student"))
-            for b, (h, w) in enumerate(sizes.tolist()):
+            for b, (h, w) in enumerate(sizes):
                 view, target = self.augment.transform_unbatched(image[b, :, :h, :w], labels[b, :h, :w])
                 image[b, :, :h, :w], labels[b, :h, :w] = view, target
         return image, labels
@@ -142,7 +143,7 @@ class SelfTraining:
             taught = teacher(image, sizes.clone())
         labels, confident = pseudo_labels(taught, sizes, self.confidence, self.ignore_index, self.balance)
         del taught
-        image, labels = self.student_view(image, labels, sizes)
+        image, labels = self.student_view(image, labels, batch.sizes.tolist())  # the host's copy: no sync
         counted = (labels != self.ignore_index).sum()
         with no_sync(trainer.net):
             with autocast(device, precision):
@@ -150,8 +151,8 @@ class SelfTraining:
             loss = self.student_loss(logits, labels, counted)
             trainer.scaler.scale(loss * self.weight).backward()
         real = sizes.prod(1).sum()
-        self.sums += torch.stack([loss.detach().double(), torch.ones_like(real).double(), confident.sum().double(),
-                                  real.double()])  # fmt: skip
+        self.pending = torch.stack([loss.detach().double(), torch.ones_like(real).double(),
+                                    confident.sum().double(), real.double()])  # fmt: skip
         return loss.detach()
 
     def student_loss(self, logits: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
@@ -170,9 +171,13 @@ class SelfTraining:
         present = counts > 0
         return (sums / counts.clamp_min(1) * present).sum() / present.sum().clamp_min(1)
 
-    def commit(self) -> None:
-        """The update was taken: its batch is done (the stream's checkpointed position moves past it)."""
+    def commit(self, stepped: bool) -> None:
+        """The update is done: its batch too (the stream's checkpointed position moves past it); its numbers count
+        in the pass's sums when the update was ``stepped`` (a non-finite one skipped leaves them out)."""
         self.stream.commit()
+        if stepped and self.pending is not None:
+            self.sums += self.pending
+        self.pending = None
 
     def row(self) -> dict[str, float]:
         """The pass's ``unlabelled_loss`` and ``confident_share``, summed across ranks (None before start_epoch)."""

@@ -406,7 +406,7 @@ class Trainer:
         self.batches_done += update.batches
         self.stepped, self.update_batches = reading.finite, update.batches
         if self.self_training is not None:
-            self.self_training.commit()  # its unlabelled batch is done with the labelled ones
+            self.self_training.commit(reading.finite)  # its unlabelled batch is done with the labelled ones
         if not reading.finite:
             self.non_finite(update)
             self.optimizer.zero_grad(set_to_none=True)
