@@ -84,7 +84,7 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, class_names=Non
     require("onnx", "onnxscript")
     from torch.export import Dim
 
-    from srforge.export.fast_norm import export_copy
+    from srforge.export.fast_graph import export_copy
 
     model = model.eval()
     d = model.size_divisor
@@ -100,7 +100,7 @@ def export_onnx(model: torch.nn.Module, path: str | os.PathLike, class_names=Non
         # The exporter notes that `batch` names two axes (image and sizes): that is the intent.
         warnings.filterwarnings("ignore", message="# The axis name")
         program = torch.onnx.export(
-            export_copy(model)[0],  # the padding-aware norms in fewer passes (srforge.export.fast_norm)
+            export_copy(model)[0],  # the padding-aware norms in fewer passes (srforge.export.fast_graph)
             args,
             dynamo=True,
             dynamic_shapes=dynamic,

@@ -1,12 +1,13 @@
-"""srforge.export.fast_norm: the padding-aware GroupNorm in fewer passes for ONNX Runtime gives masked_group_norm's
-values, and export_copy swaps it into a copy of the model only."""
+"""srforge.export.fast_graph: the padding-aware GroupNorm in fewer passes for ONNX Runtime gives masked_group_norm's
+values, a decoder block without its concatenation gives UpBlock's, and export_copy swaps both into a copy of the
+model only."""
 
 import pytest
 import torch
 from torch import nn
 
 from srforge import UNet
-from srforge.export.fast_norm import RectangleGroupNorm, export_copy, rectangle_group_norm
+from srforge.export.fast_graph import RectangleGroupNorm, SplitUpBlock, export_copy, rectangle_group_norm
 from srforge.geometry import level_mask
 from srforge.models.group_norm import GroupNorm2d, masked_group_norm
 from srforge.models.norms import MaskedNorm, NormContext
@@ -38,14 +39,16 @@ def test_a_scan_without_valid_pixels_gives_zeros():
     assert torch.isfinite(out).all() and not out[1].any()
 
 
-def test_export_copy_swaps_a_unets_norms_in_a_copy_with_the_same_logits():
+def test_export_copy_swaps_a_unets_norms_and_up_blocks_in_a_copy_with_the_same_logits():
     torch.manual_seed(0)
     model = UNet(num_classes=3, base_channels=4, depth=2).eval()
     twin, replaced = export_copy(model)
     norms = [m for m in model.modules() if isinstance(m, GroupNorm2d)]
-    assert replaced == len(norms) == 2 * (1 + 2 * 2)  # the stem, two down and two up blocks, two convs each
+    assert len(norms) == 2 * (1 + 2 * 2) and replaced == len(norms) + 2  # stem, 2 down, 2 up blocks; 2 convs each
     assert twin is not model and all(isinstance(m, GroupNorm2d) for m in norms)  # the model is untouched
-    assert sum(isinstance(m, RectangleGroupNorm) for m in twin.modules()) == replaced
+    assert sum(isinstance(m, RectangleGroupNorm) for m in twin.modules()) == len(norms)
+    assert all(isinstance(block, SplitUpBlock) for block in twin.up)
+    assert not any(isinstance(m, SplitUpBlock) for m in model.modules())
     image = torch.randint(0, 256, (3, 3, 24, 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     sizes = torch.tensor([[24, 40], [17, 9], [5, 33]])
     with torch.no_grad():
