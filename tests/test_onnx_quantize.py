@@ -72,6 +72,8 @@ def test_the_int8_model_is_quantised_and_keeps_srforges_metadata(quantized):
     assert ops.count("QuantizeLinear") >= 10 and ops.count("DequantizeLinear") >= 10
     int8_weights = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 4]
     assert len(int8_weights) >= 10  # the convolutions' kernels are stored as int8
+    head = next(node for node in model.graph.node if "logits" in node.output)
+    assert head.op_type == "Conv"  # the logits come from a float convolution, not dequantised from 8 bits
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["size_divisor"] == "8" and meta["class_names"] == "bg,thin,thick"
     assert meta["padding_aware"] == "true" and meta["in_channels"] == "3"

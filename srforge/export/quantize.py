@@ -19,6 +19,8 @@ The int8 model keeps srforge's metadata (divisor, class names, channels) and rec
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import tempfile
@@ -102,6 +104,22 @@ def _reader(feeds: Iterator[dict], inputs: set[str]):
     return Reader()
 
 
+@contextlib.contextmanager
+def _quiet_preprocessing_advice():
+    """quantize_static logs "Please consider pre-processing before quantization" on the root logger on every call;
+    the exported graph is shape-inferred already and ONNX Runtime optimises it at load, so the advice is noise."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "pre-processing" not in record.getMessage()
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
+
+
 def quantize_int8(float_model, output, scans, mode: str, count: int = CALIBRATION_COUNT) -> tuple[Path, int]:
     """Write the int8 model of the exported ``float_model`` to ``output`` (atomically), calibrated on ``count``
     scans of ``scans`` decoded in PIL ``mode``; returns (output, scans used). CalibrationError for unusable scans."""
@@ -120,18 +138,19 @@ def quantize_int8(float_model, output, scans, mode: str, count: int = CALIBRATIO
     with calibration_archive(scans) as archive, tempfile.TemporaryDirectory(prefix="srforge-int8-") as tmp:
         used = len(spread(len(archive), count))
         feeds = calibration_feeds(archive, mode, int(metadata["size_divisor"]), count)
-        quantize_static(
-            str(float_model),
-            os.path.join(tmp, "int8.onnx"),
-            _reader(feeds, inputs),
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=QUANTIZED_OPS,
-            per_channel=True,
-            activation_type=QuantType.QUInt8,  # uint8 activations and int8 weights: the CPU's fast int8 kernels
-            weight_type=QuantType.QInt8,
-            nodes_to_exclude=heads,
-            calibrate_method=CalibrationMethod.MinMax,
-        )
+        with _quiet_preprocessing_advice():
+            quantize_static(
+                str(float_model),
+                os.path.join(tmp, "int8.onnx"),
+                _reader(feeds, inputs),
+                quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=QUANTIZED_OPS,
+                per_channel=True,
+                activation_type=QuantType.QUInt8,  # uint8 activations and int8 weights: the CPU's fast int8 kernels
+                weight_type=QuantType.QInt8,
+                nodes_to_exclude=heads,
+                calibrate_method=CalibrationMethod.MinMax,
+            )
         model = onnx.load(os.path.join(tmp, "int8.onnx"))
     kept = {**metadata, "quantization": f"int8 static (QDQ, per-channel weights), MinMax on {used} scans of {scans}"}
     del model.metadata_props[:]
