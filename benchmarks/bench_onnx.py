@@ -83,8 +83,17 @@ def child(spec: str) -> None:
     start = time.perf_counter()
     code = main_predict(args + ["--no-progress"])
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"code": code, "seconds": seconds, "peak_bytes": peak}))
+    print(json.dumps({"code": code, "seconds": seconds, "peak_bytes": peak_rss()}))
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes: VmHWM, its own address space's high-water mark. Not
+    getrusage's ru_maxrss, which a process started by vfork + exec inherits from its parent (Linux folds the
+    parent's high-water mark in at exec), so that every child would report the exporting parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def run_predict(model: Path, folder: Path, out: Path) -> dict:
