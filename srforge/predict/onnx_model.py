@@ -56,9 +56,11 @@ def _session(path: Path, threads: int, providers):
         ) from None
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # No memory arena: every batch and tile has its own shape, and an arena keeps the largest blocks of each (twice
-    # PyTorch's peak memory on full-size scans, and slower on a shape met once); the memory pattern stays (faster).
-    options.enable_cpu_mem_arena = False
+    # The CPU memory arena on: without it every run maps its activations afresh and faults every page in (a
+    # full-size 544 x 3,200 scan's run allocates gigabytes), 15% of a run of full-size scans and tiles of three
+    # shapes on two cores (28.0 s against 33.0 s); the arena keeps its largest blocks between runs instead (peak
+    # memory 6.6 GB against 3.8 GB for that run; docs/performance.md).
+    options.enable_cpu_mem_arena = True
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     available = onnxruntime.get_available_providers()
