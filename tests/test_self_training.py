@@ -71,7 +71,8 @@ def test_balanced_pseudo_labels_keep_the_more_confident_half_of_each_class():
 
 def test_the_balanced_student_loss_weighs_each_class_alike():
     """Three background pixels with cross-entropy log 2 (logits 0, 0) and one curve pixel with log(1 + e^-2) (logits
-    0, 2), one ignored: the plain mean is (3 log 2 + log(1 + e^-2)) / 4, the balanced one (log 2 + log(1 + e^-2)) / 2."""
+    0, 2), one ignored: the plain mean is (3 log 2 + log(1 + e^-2)) / 4, the balanced one (log 2 + log(1 + e^-2))
+    / 2."""
     logits = torch.zeros(1, 2, 2, 3)
     logits[0, 1, 1, 0] = 2.0
     labels = torch.tensor([[[0, 0, 0], [1, 255, 255]]])
@@ -226,7 +227,8 @@ def test_a_run_interrupted_while_the_teacher_labels_resumes_to_the_same_bits(tmp
         train(self_training_config(tmp_path / "cut", folder))
     monkeypatch.setattr(self_training, "pseudo_labels", real)
     saved = load_checkpoint(tmp_path / "cut" / "last.pt")
-    assert (saved["epoch"], saved["batches_done"], saved["unlabelled"]) == (1, 1, {"pass": 1, "done": 1, "max_pixels": None})
+    position = {"pass": 1, "done": 1, "max_pixels": None}
+    assert (saved["epoch"], saved["batches_done"], saved["unlabelled"]) == (1, 1, position)
     train(self_training_config(tmp_path / "cut", folder), resume=tmp_path / "cut")
     a = load_checkpoint(tmp_path / "straight" / "last.pt")
     b = load_checkpoint(tmp_path / "cut" / "last.pt")

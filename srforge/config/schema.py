@@ -393,8 +393,8 @@ class TrainSection(Section, path="train"):
     )
     self_training: dict | None = key(
         None,
-        "{weight, confidence, start_epoch, augment, balance}: learn from data.unlabelled's scans through the EMA teacher's "
-        "confident predictions (needs train.ema and data.unlabelled); null: off",
+        "{weight, confidence, start_epoch, augment, balance}: learn from data.unlabelled's scans through the EMA "
+        "teacher's confident predictions (needs train.ema and data.unlabelled); null: off",
         rule=self_training_spec,
     )
     hooks: list = key(

@@ -33,9 +33,9 @@ def thin(binary: np.ndarray) -> np.ndarray:
     """Zhang-Suen thinning of ``binary`` (bool [H, W]) to a thin, 8-connected skeleton: bool [H, W].
 
     Each pass removes, in two sub-passes, the border pixels with 3 to 6 neighbours (Lü and Wang's correction of
-    Zhang-Suen's 2 to 6, which erases 2-px diagonal lines: a curve drawn 2 px wide at 45 degrees stays whole), exactly one 0 -> 1 transition
-    around them, and (sub-pass 1) P2*P4*P6 = P4*P6*P8 = 0, (sub-pass 2) P2*P4*P8 = P2*P6*P8 = 0; until nothing
-    changes. Only the bounding box of the foreground is worked on.
+    Zhang-Suen's 2 to 6, which erases 2-px diagonal lines: a curve drawn 2 px wide at 45 degrees stays whole),
+    exactly one 0 -> 1 transition around them, and (sub-pass 1) P2*P4*P6 = P4*P6*P8 = 0, (sub-pass 2) P2*P4*P8 =
+    P2*P6*P8 = 0; until nothing changes. Only the bounding box of the foreground is worked on.
     """
     out = np.zeros(binary.shape, dtype=bool)
     rows, cols = np.nonzero(binary)
