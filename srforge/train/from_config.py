@@ -297,6 +297,15 @@ def training_epoch_sizes(data: Data) -> Callable[[int], list] | None:
     return lambda epoch: policy.epoch_sizes(true, indices, epoch)
 
 
+def batch_budget(data_cfg: DataSection, max_pixels: int | None) -> int | None:
+    """The pixels a training batch may hold: ``max_pixels`` (what data.max_pixels resolved to) or data.max_pixels
+    itself; None with data.batch_size. data.max_pixels: auto unresolved is a ValueError."""
+    budget = None if data_cfg.max_pixels is None else max_pixels or data_cfg.max_pixels
+    if budget == "auto":
+        raise ValueError("data.max_pixels is auto; pass the budget it resolved to as max_pixels")
+    return budget
+
+
 def build_loaders(
     data_cfg: DataSection,
     data: Data,
@@ -318,9 +327,7 @@ def build_loaders(
     pad = {"image": 0, "mask": data_cfg.ignore_index}
     collate = AlignedCollate(divisor, pad=pad, channels_last=channels_last)
     train_collate = AlignedCollate(divisor, pad={**pad, "tube": 0}, channels_last=channels_last) if tubes else collate
-    budget = None if data_cfg.max_pixels is None else max_pixels or data_cfg.max_pixels
-    if budget == "auto":
-        raise ValueError("build_loaders: data.max_pixels is auto; pass the budget it resolved to as max_pixels")
+    budget = batch_budget(data_cfg, max_pixels)
     grouping = {"batch_size": data_cfg.batch_size, "max_pixels": budget, "divisor": divisor}
     sampler = training_sampler(
         data.train_sizes,
@@ -353,7 +360,7 @@ def build_self_training(
         return None
     paths = [dcfg.unlabelled] if isinstance(dcfg.unlabelled, str) else list(dcfg.unlabelled)
     scans = UnlabelledScans(paths, cache=data.train.cache, image_mode=getattr(data.train.dataset, "image_mode", "RGB"))
-    budget = None if dcfg.max_pixels is None else max_pixels or dcfg.max_pixels
+    budget = batch_budget(dcfg, max_pixels)
     if budget is not None:  # a scan the budget cannot hold alone would run out of memory: left out, said
         scans.leave_out(lambda h, w: math.prod(aligned_size(h, w, divisor)) > budget,
                         f"larger than the pixel budget of {budget:,} px alone (data.max_pixels)")  # fmt: skip
