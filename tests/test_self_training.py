@@ -137,6 +137,36 @@ def test_the_stream_goes_on_from_its_committed_position_pass_after_pass(tmp_path
     assert again.next()["name"] == stream.next()["name"]
 
 
+def damage(path: Path) -> None:
+    """Keep a PNG's header (its size still reads) and cut its pixels short: it no longer decodes."""
+    data = path.read_bytes()
+    path.write_bytes(data[: max(60, len(data) // 3)])
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_scan_that_does_not_decode_is_left_out_of_its_batch_and_named_once(tmp_path, capsys, workers):
+    folder = unlabelled_folder(tmp_path / "scans", n=5)
+    damage(folder / "u2.png")
+    scans = UnlabelledScans(str(folder))
+    assert len(scans) == 5 and not scans.rejected  # its header reads: listed, and found out only when decoded
+    stream = UnlabelledStream(scans, divisor=4, seed=1, batch_size=2, num_workers=workers)  # 3 batches a pass
+    drawn = [stream.next()["name"] for _ in range(6)]  # two passes
+    for names in (drawn[:3], drawn[3:]):
+        assert sorted(n for batch in names for n in batch) == sorted(set(scans.names) - {f"{folder}/u2.png"})
+    out = capsys.readouterr().out
+    assert out.count("warning: data.unlabelled: left out") == 1
+    assert f"left out {folder}/u2.png, which does not decode: " in out
+
+
+def test_a_pass_in_which_no_scan_decodes_is_an_error_naming_one(tmp_path):
+    folder = unlabelled_folder(tmp_path / "scans", n=3)
+    for path in folder.glob("*.png"):
+        damage(path)
+    stream = UnlabelledStream(UnlabelledScans(str(folder)), divisor=4, seed=0, batch_size=2)
+    with pytest.raises(DataError, match=r"not one scan of 3 batches in a row decodes \(3 unreadable so far, e\.g\."):
+        stream.next()
+
+
 def test_a_stream_under_a_pixel_budget_resumes_where_it_was_whatever_the_passes_lengths(tmp_path):
     """Under a budget the passes hold different numbers of batches (16 scans of random sizes, 2,500 px: 10, 11, 11,
     10 and 11 batches). Resumed at pass 1's last batch, or just past it, the stream goes on as the stream never

@@ -11,13 +11,16 @@ Sizes come from the image headers (nothing is decoded to list an archive of 136,
 size and cut under the same pixel budget (or batch size) as the labelled ones, padded to the model's divisor with
 the true sizes recorded. Under torchrun each rank takes every world-th batch of one shared list per pass, the list
 cut to a multiple of the world so that every rank has as many (an archive too small to give each rank one batch is
-an error).
+an error). A scan whose header reads but whose pixels do not decode (a damaged file, one changed since the start)
+is left out of its batch with a warning naming it, the first time it fails, and the run goes on: one bad file in an
+archive of a hundred thousand should not stop a day of training. A pass in which no scan decodes is an error.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +33,26 @@ from srforge.data.images import DataError
 from srforge.data.sampling import SizeGroupedBatchSampler
 
 STREAM_SEED = 7919  # added to run.seed: the unlabelled order is not the labelled one
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A scan that did not decode: its ``name`` and ``why`` (the DataError's message), in place of its Entry."""
+
+    name: str
+    why: str
+
+
+class SkippingCollate:
+    """``collate`` over the samples that decoded: samples -> (batch Entry or None when none did, [Unreadable])."""
+
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, samples: list) -> tuple[Entry | None, list[Unreadable]]:
+        failed = [s for s in samples if isinstance(s, Unreadable)]
+        read = [s for s in samples if not isinstance(s, Unreadable)]
+        return (self.collate(read) if read else None), failed
 
 
 class UnlabelledScans(Dataset):
@@ -87,14 +110,19 @@ class UnlabelledScans(Dataset):
             self._open = (os.getpid(), [ScanArchive(p, cache=self.cache) for p in self.paths])
         return self._open[1]
 
-    def __getitem__(self, index: int) -> Entry:
+    def __getitem__(self, index: int) -> Entry | Unreadable:
+        """Entry(image uint8 [C, H, W], name), or :class:`Unreadable` for a scan that does not decode to the size
+        its header gave."""
         a, i = self.members[index]
-        image = self._archives()[a].read(i, self.image_mode)
+        try:
+            image = self._archives()[a].read(i, self.image_mode)
+        except DataError as error:
+            return Unreadable(self.names[index], str(error))
         if tuple(image.shape[-2:]) != self.sizes[index]:
-            raise DataError(
-                f"{self.names[index]}: the header said {self.sizes[index][0]} x {self.sizes[index][1]} px but the "
-                f"image decodes to {image.shape[-2]} x {image.shape[-1]}; the file changed while training. "
-                "Restart the run once the archive is settled."
+            return Unreadable(
+                self.names[index],
+                f"the header said {self.sizes[index][0]} x {self.sizes[index][1]} px but the image decodes to "
+                f"{image.shape[-2]} x {image.shape[-1]}; the file changed since the run started",
             )
         return Entry(image=image, name=self.names[index])
 
@@ -128,7 +156,8 @@ class UnlabelledStream:
             scans.sizes, batch_size=batch_size, max_pixels=max_pixels, divisor=divisor, shuffle=True,
             seed=seed + STREAM_SEED, num_replicas=num_replicas, rank=rank, drop_last=num_replicas > 1,
         )  # fmt: skip
-        self.collate = AlignedCollate(divisor, pad={"image": 0}, channels_last=channels_last)
+        self.collate = SkippingCollate(AlignedCollate(divisor, pad={"image": 0}, channels_last=channels_last))
+        self.unreadable: dict[str, str] = {}  # name -> why, each warned about once
         self.position = (0, 0)  # (pass, batches done in it) of the last batch committed to a taken update
         self._cursor = (0, 0)  # of the next batch to hand out
         self._batches = None
@@ -169,7 +198,23 @@ class UnlabelledStream:
         self.position = self._cursor
 
     def next(self) -> Entry:
-        """The next batch; a finished pass starts the next."""
+        """The next batch of the scans that decode (:class:`Unreadable` ones left out, each warned about once); a
+        batch with none goes on to the one after; a finished pass starts the next."""
+        for _ in range(len(self.sampler) + 1):
+            batch, failed = self._next()
+            for scan in failed:
+                if scan.name not in self.unreadable:
+                    self.unreadable[scan.name] = scan.why
+                    print(f"srforge: warning: data.unlabelled: left out {scan.name}, which does not decode: {scan.why}")
+            if batch is not None:
+                return batch
+        (name, why), tried = next(iter(self.unreadable.items())), len(self.sampler) + 1
+        raise DataError(
+            f"data.unlabelled: not one scan of {tried} batches in a row decodes ({len(self.unreadable)} "
+            f"unreadable so far, e.g. {name}: {why}); replace the damaged files or leave them out of data.unlabelled."
+        )
+
+    def _next(self) -> tuple[Entry | None, list[Unreadable]]:
         pass_, done = self._cursor
         self.sampler.set_epoch(pass_)  # the pass's own length: under a pixel budget it varies from pass to pass
         if done >= len(self.sampler):
