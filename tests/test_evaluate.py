@@ -133,6 +133,28 @@ def test_compare_scores_a_second_model_side_by_side_sorted_by_the_difference(tmp
     assert len(list((out / "pictures").glob("*.png"))) == 4  # the 2 worst, pictured for A and for B
 
 
+def test_compare_where_b_misses_a_scan_heads_the_report_with_the_scans_both_scored(tmp_path, capsys):
+    data, preds = _predicted_folder(tmp_path, ["s0", "s1", "s2"])
+    other = tmp_path / "preds-b"
+    other.mkdir()
+    for name in ("s0", "s1"):
+        (other / f"{name}.png").write_bytes((preds / f"{name}.png").read_bytes())
+    out = tmp_path / "out"
+    args = ["--predictions", preds, "--predictions", other, "--masks", data, "--classes", "x,y,z", "--output", out]
+    assert evaluate(*args) == 1  # B has no prediction for s2
+    printed = capsys.readouterr().out
+    assert "on the 2 scans both scored (besides them A scored 1, B 0): mean_iou_without_bg A " in printed
+    assert "B - A +0.0000" in printed
+    found = metrics(out)
+    both = found["both_scored"]
+    assert (both["scans"], both["a_only"], both["b_only"]) == (2, 1, 0)
+    assert both["micro_a"] == both["micro_b"]  # the same predictions of the same two scans
+    assert both["difference_b_minus_a"]["pixel_accuracy"] == 0.0
+    assert found["models"][0]["results"]["scored"] == 3 and found["models"][1]["results"]["scored"] == 2
+    page = (out / "report.html").read_text()
+    assert "A and B on the 2 scans both scored; A also scored 1 other, B none, left out here" in page
+
+
 def test_bad_input_is_a_clear_error(tmp_path, ckpt, data, capsys):
     bad = tmp_path / "bad"
     write(bad / "images" / "a.png", rgb(9, 14))

@@ -222,6 +222,13 @@ def _print_summary(document: dict, out: Path) -> None:
             f"{PROG}: {model['name']} {model['source']}: {found['scored']} scans scored, {found['failed']} "
             f"failed; {figures}"
         )
+    both = document.get("both_scored")
+    if both and (both["a_only"] or both["b_only"]):  # each line above pools its own scans: say so, with the fair one
+        a, b = both["micro_a"].get(key, float("nan")), both["micro_b"].get(key, float("nan"))
+        print(
+            f"{PROG}: on the {both['scans']} scans both scored (besides them A scored {both['a_only']}, B "
+            f"{both['b_only']}): {key} A {a:.4f} micro, B {b:.4f}, B - A {b - a:+.4f}"
+        )
     print(f"{PROG}: report: {(out / 'report.html').absolute()}")
 
 

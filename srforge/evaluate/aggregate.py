@@ -1,5 +1,6 @@
 """From rows to results: micro (pixels pooled over the scans), macro (the mean over scans of each scan's figure),
-and both again for each width third (the narrowest, middle and widest third of the scored scans).
+and both again for each width third (the narrowest, middle and widest third of the scored scans); with two models,
+the micro figures of each over the scans both scored (both_scored), so that they are compared on the same scans.
 
 Micro weighs every pixel alike, so wide scans count most; macro weighs every scan alike. A figure undefined for a
 scan (NaN: a class absent from both its masks) is left out of that figure's macro mean.
@@ -83,6 +84,26 @@ def results(rows: list[dict], class_names) -> dict[str, Any]:
         "micro": micro(rows, class_names),
         "macro": macro(rows, class_names),
         "by_width_third": thirds,
+    }
+
+
+def both_scored(rows_a: list[dict], rows_b: list[dict], class_names) -> dict[str, Any]:
+    """Two models measured on the same scans: the micro figures of A (``micro_a``) and of B (``micro_b``) over the
+    scans both scored, B - A of each (``difference_b_minus_a``), how many those are (``scans``) and how many each
+    scored besides (``a_only``, ``b_only``). Each model's own micro pools only the scans it scored, so a model that
+    fails on the hard scans would look better for it; these pool the same per-scan counts over the same scans."""
+    ok_a = {row["name"]: row for row in scored(rows_a)}
+    ok_b = {row["name"]: row for row in scored(rows_b)}
+    both = [name for name in ok_a if name in ok_b]
+    a = micro([ok_a[name] for name in both], class_names)
+    b = micro([ok_b[name] for name in both], class_names)
+    return {
+        "scans": len(both),
+        "a_only": len(ok_a) - len(both),
+        "b_only": len(ok_b) - len(both),
+        "micro_a": a,
+        "micro_b": b,
+        "difference_b_minus_a": {key: b[key] - a[key] for key in a if isinstance(a[key], float)},
     }
 
 

@@ -3,11 +3,14 @@ that works offline from the file system (CSS and script inline, srforge.evaluate
 full-size pictures in pictures/. The page, top to bottom:
 
     headline       the figures that matter, micro, three decimals, the definition on hover: IoU and tolerance F1
-                   of each foreground class, pixel accuracy; with --compare B beside A, and on how many scans
-                   B is better than A, with the median per-scan difference
+                   of each foreground class, pixel accuracy; with --compare B beside A, both over the scans both
+                   scored (metrics.json's "both_scored", said in words where A or B scored others too, so that
+                   neither looks better by failing on hard scans), and on how many scans B is better than A, with
+                   the median per-scan difference
     plots          the primary figure per scan against width and against height, its histogram, precision and
                    recall per class; with --compare the primary figure of A against B, one mark per scan
-    tables         per class and per width third, micro and macro side by side; the confusion matrix
+    tables         per class and per width third, micro and macro side by side, each model over all it scored
+                   (said under them where that differs from the headline's scans); the confusion matrix
     scans          one row a scan, failed scans first, then worst first; sorted by a header click, filtered by
                    name, status and a threshold on a figure; a row opens the scan's picture
     worst N        the N scans of lowest primary figure (srforge.evaluate.metrics.primary): the scan and its
@@ -228,22 +231,78 @@ def verdict(table: list[dict], primary: str) -> str:
 
 
 def headline_html(document: dict, table: list[dict]) -> str:
-    """The cards of the figures that matter (micro) and, with two models, the verdict."""
+    """The cards of the figures that matter (micro) and, with two models, the verdict. Two models' figures are
+    those over the scans both scored (``document["both_scored"]``, srforge.evaluate.aggregate.both_scored): each
+    one's own micro would let a model that fails on the hard scans look better for it."""
     models, tolerance = document["models"], document["options"]["tolerance"]
-    found = [model["results"]["micro"] for model in models]
+    both = both_of(document)
+    found = [both["micro_a"], both["micro_b"]] if both else [model["results"]["micro"] for model in models]
+    scope = f"; here only the {plural(both['scans'], 'scan')} both models scored" if differ(both) else ""
     cards = []
     for name in foreground(document["classes"]):
         for figure in ("iou", "tol_f1"):
-            hover = f"{definition(figure, tolerance)}; {DEFINITIONS['micro']}"
+            hover = f"{definition(figure, tolerance)}; {DEFINITIONS['micro']}{scope}"
             values = [f["per_class"][figure][name] if f.get("per_class") else None for f in found]
             cards.append(card(f"{label(figure)} \u00b7 {name}", hover, figure, name, values))
-    hover = f"{definition('pixel_accuracy', tolerance)}; {DEFINITIONS['micro']}"
+    hover = f"{definition('pixel_accuracy', tolerance)}; {DEFINITIONS['micro']}{scope}"
     cards.append(card("pixel accuracy", hover, "pixel_accuracy", "", [f.get("pixel_accuracy") for f in found]))
     counts = " \u00b7 ".join(
         f"{m['name']}: {m['results']['scored']} scans scored, {m['results']['failed']} failed" for m in models
     )
-    out = f'<div class="headline">{"".join(cards)}</div><p>{text(counts)}</p>'
+    out = f'{same_scans_html(document)}<div class="headline">{"".join(cards)}</div><p>{text(counts)}</p>'
     return out + (verdict(table, document["primary"]) if len(models) > 1 else "")
+
+
+def both_of(document: dict) -> dict | None:
+    """metrics.json's "both_scored" of two models (srforge.evaluate.aggregate.both_scored); None with one."""
+    return document["both_scored"] if len(document["models"]) > 1 else None
+
+
+def differ(both: dict | None) -> bool:
+    """Whether two models scored different scans (``both``: :func:`both_of`)."""
+    return bool(both) and (both["a_only"] > 0 or both["b_only"] > 0)
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def others(n: int) -> str:
+    """How many scans a model scored besides those both scored, in words ("none", "1 other", "2 others")."""
+    return plural(n, "other") if n else "none"
+
+
+def same_scans_html(document: dict) -> str:
+    """Above the headline, where A and B scored different scans: that its figures are over the scans both scored,
+    and how many each scored besides ('' where they scored the same scans, or with one model)."""
+    both = both_of(document)
+    if not differ(both):
+        return ""
+    a, b = (model["name"] for model in document["models"])
+    if both["scans"]:
+        words = (
+            f"{a} and {b} on the {plural(both['scans'], 'scan')} both scored; {a} also scored "
+            f"{others(both['a_only'])}, {b} {others(both['b_only'])}, left out here so that both are measured on the "
+            "same scans (the tables below pool each model's own)."
+        )
+    else:
+        words = (
+            f"No scan was scored by both {a} and {b} ({a} scored {plural(both['a_only'], 'scan')}, {b} "
+            f"{plural(both['b_only'], 'scan')}), so the headline has no figures to compare them by (the tables below "
+            "pool each model's own)."
+        )
+    return f'<p class="verdict" id="same-scans">{text(words)}</p>'
+
+
+def own_scans_html(document: dict) -> str:
+    """Under a table of each model's own aggregate, where A and B scored different scans: which scans those are
+    ('' otherwise: then they are the headline's)."""
+    both = both_of(document)
+    if not differ(both):
+        return ""
+    each = ", ".join(f"{m['name']} {m['results']['scored']}" for m in document["models"])
+    words = f"Each model over all the scans it scored: {each} (the headline: the {both['scans']} both scored)."
+    return f"<p class=about>{text(words)}</p>"
 
 
 def figure_table(header: list[tuple[str, str]], groups: list[str], rows: list[list]) -> str:
@@ -464,8 +523,8 @@ def write_html(out_dir: Path, document: dict, table: list[dict], pictures: list[
         headline_html(document, table),
         '<h2>Per scan</h2><div class="plots" id="plots"></div><p class=about id="tip">Hover a mark for its scan, '
         "click it to see the scan.</p>",
-        f"<h2>Per class</h2>{classes_html(models, names, tolerance)}",
-        f"<h2>By width third</h2>{thirds_html(models, tolerance)}",
+        f"<h2>Per class</h2>{classes_html(models, names, tolerance)}{own_scans_html(document)}",
+        f"<h2>By width third</h2>{thirds_html(models, tolerance)}{own_scans_html(document)}",
         *(f"<h2>Confusion matrix ({text(m['name'])}, pixels)</h2>{confusion_html(m, names)}" for m in models),
         f"<h2>Scans ({len(table)})</h2>{filters_html(data['columns'])}"
         '<div class="boxed"><table id="scans"><thead></thead></table></div>',

@@ -6,7 +6,10 @@ Under the output folder::
     predictions/     checkpoint mode: srforge-predict's output for the model (masks/, report.json); a rerun
                      skips the scans this model has predicted already
     predictions-b/   the same for --compare CKPT_B
-    metrics.json     every aggregate, each model's fingerprint, the data, the options
+    metrics.json     every aggregate, each model's fingerprint, the data, the options; with --compare also
+                     "both_scored" (srforge.evaluate.aggregate.both_scored): A's and B's micro figures and B - A
+                     over the scans both scored, which the page's headline shows, and how many each scored besides
+                     (each model's own "results" and "difference_b_minus_a" pool the scans each one scored)
     scans.csv        one row a scan
     report.html      the page to look at (srforge.evaluate.report); pictures/ its full-size pictures
 
@@ -30,7 +33,7 @@ from typing import Any
 
 from srforge.atomic import NAME_MAX, TEMP_SUFFIX, atomic_write
 from srforge.data.naming import scan_stem
-from srforge.evaluate.aggregate import results, scored
+from srforge.evaluate.aggregate import both_scored, results, scored
 from srforge.evaluate.inputs import LabelledArchive, MaskFolder, Predictions
 from srforge.evaluate.metrics import primary
 from srforge.evaluate.pictures import picture, png_bytes
@@ -225,7 +228,7 @@ def write_outputs(out_dir: Path, document: dict, truths, models: list[dict], wor
 
 def describe(models: list[dict], data, options: dict[str, Any], scorer: Scorer, seconds: float) -> dict[str, Any]:
     """metrics.json's content: the data, options, classes, each model's source, fingerprint and results, and with
-    two models the difference B - A of every summary figure."""
+    two models the difference B - A of every summary figure and both models' figures over the scans both scored."""
     document: dict[str, Any] = {
         "data": str(data),
         "options": options,
@@ -241,6 +244,8 @@ def describe(models: list[dict], data, options: dict[str, Any], scorer: Scorer, 
             for kind in ("micro", "macro")
             if a[kind] and b[kind]
         }
+        rows_a, rows_b = (list(model["rows"].values()) for model in models)
+        document["both_scored"] = both_scored(rows_a, rows_b, scorer.class_names)
     timing = {f"{model['name']}_{k}": model[k] for model in models for k in ("seconds_predict", "seconds_score")}
     document["run"] = {"processes": distributed.environment().world, "seconds": round(seconds, 3), **timing}
     return document
