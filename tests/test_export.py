@@ -1,4 +1,4 @@
-"""ONNX export: dynamic batch / H / W, the padding-aware sizes input, the onnxruntime check, the README snippet, and
+"""ONNX export: dynamic batch / H / W, the padding-aware sizes input, the onnxruntime check, the documented snippet, and
 the exported model predicting through srforge.predict.onnx_model.
 
 The tests that export need the optional extra (onnx, onnxscript, onnxruntime) and are skipped without it;
@@ -25,7 +25,7 @@ from srforge.export.onnx import EXTRA, OnnxCheckError, check_onnx, check_scans, 
 from srforge.predict import Predictor
 from srforge.runtime.checkpoint import save_checkpoint
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+LIBRARY_DOC = Path(__file__).resolve().parents[1] / "docs" / "library.md"  # the snippet without srforge
 SKIP = f"ONNX export needs the optional extra: {EXTRA} (onnx, onnxscript, onnxruntime)"
 
 
@@ -100,16 +100,16 @@ def test_the_check_fails_with_a_clear_message_for_a_model_that_was_not_exported(
 
 
 @pytest.mark.slow
-def test_the_readme_snippet_predicts_a_scan_with_onnxruntime_alone(exported, tmp_path, monkeypatch):
+def test_the_documented_snippet_predicts_a_scan_with_onnxruntime_alone(exported, tmp_path, monkeypatch):
     model, path, _ = exported
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", LIBRARY_DOC.read_text(), re.S)
     snippet = next(b for b in blocks if "onnxruntime as ort" in b)
     scan = check_scans(3, model.size_divisor, seed=5)[0]  # [3, H, W], H and W not multiples of the divisor
     Image.fromarray(scan.permute(1, 2, 0).numpy()).save(tmp_path / "scan.png")
     shutil.copy(path, tmp_path / "model.onnx")
     monkeypatch.chdir(tmp_path)
     namespace = {}
-    exec(compile(snippet, "README.md", "exec"), namespace)
+    exec(compile(snippet, "docs/library.md", "exec"), namespace)
     h, w = scan.shape[1:]
     d = model.size_divisor
     padded = torch.zeros(1, 3, -(-h // d) * d, -(-w // d) * d, dtype=torch.uint8)
