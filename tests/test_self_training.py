@@ -82,6 +82,54 @@ def test_the_balanced_student_loss_weighs_each_class_alike():
     assert abs(plain.item() - (3 * a + b) / 4) < 1e-6 and abs(balanced.item() - (a + b) / 2) < 1e-6
 
 
+class Strict(torch.nn.Module):
+    """A per-pixel classifier (1x1 convolution of the image / 255) that runs out of memory, as a device would, on a
+    batch of more than ``fits`` scans: forward(image uint8 [B, 3, H, W], sizes) -> logits [B, 2, H, W]."""
+
+    def __init__(self, fits: int | None = None):
+        super().__init__()
+        torch.manual_seed(3)
+        self.conv, self.fits = torch.nn.Conv2d(3, 2, 1), fits
+
+    def forward(self, image, sizes=None):
+        if self.fits is not None and image.shape[0] > self.fits:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return self.conv(image.float() / 255)
+
+
+def unlabelled_step(tmp_path, fits: int | None, balance: bool):
+    """One SelfTraining.backward over a batch of 4 unlabelled scans, teacher and student Strict(fits): the loss and
+    the student's gradients."""
+    from types import SimpleNamespace
+
+    stream = UnlabelledStream(UnlabelledScans(str(unlabelled_folder(tmp_path, n=4))), divisor=4, seed=0, batch_size=4)
+    net, teacher = Strict(fits), Strict(fits)
+    teacher.conv.weight.data += 0.5  # a teacher unlike its student: the loss is not 0
+    settings = SimpleNamespace(precision="fp32", channels_last=False)
+    trainer = SimpleNamespace(
+        device=torch.device("cpu"), settings=settings, averaged=teacher, net=net, num_classes=2, step=0,
+        params=list(net.parameters()), scaler=torch.amp.GradScaler("cpu", enabled=False),
+    )  # fmt: skip
+    self_training = SelfTraining(stream, confidence=0.5, balance=balance)
+    loss = self_training.backward(trainer)
+    return loss, [None if p.grad is None else p.grad.clone() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("balance", [False, True])
+def test_an_unlabelled_batch_out_of_memory_is_redone_in_parts_to_the_same_loss_and_gradients(tmp_path, balance):
+    whole, grads = unlabelled_step(tmp_path / "whole", None, balance)
+    parts, part_grads = unlabelled_step(tmp_path / "parts", 1, balance)  # 4 scans -> halves -> quarters
+    assert whole > 0 and torch.allclose(parts, whole, rtol=1e-5, atol=1e-7)
+    for a, b in zip(grads, part_grads):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_scan_the_teacher_cannot_hold_alone_skips_the_unlabelled_batch_and_says_so(tmp_path, capsys):
+    loss, grads = unlabelled_step(tmp_path, 0, balance=False)
+    assert loss == 0 and grads == [None, None]  # nothing of the batch in the gradients
+    assert "out of memory: the unlabelled scan " in capsys.readouterr().out
+
+
 # -- the stream -----------------------------------------------------------------------------------------------------
 def test_hostile_members_are_refused_and_named_the_rest_are_read(tmp_path):
     folder = unlabelled_folder(tmp_path / "scans", n=3)
@@ -244,7 +292,7 @@ def test_a_run_interrupted_while_the_teacher_labels_resumes_to_the_same_bits(tmp
 
     folder = unlabelled_folder(tmp_path / "scans")
     train(self_training_config(tmp_path / "straight", folder))
-    real, calls = self_training.pseudo_labels, []
+    real, calls = self_training.confident_labels, []
 
     def interrupt(*args, **kwargs):
         calls.append(1)
@@ -252,10 +300,10 @@ def test_a_run_interrupted_while_the_teacher_labels_resumes_to_the_same_bits(tmp
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(self_training, "pseudo_labels", interrupt)
+    monkeypatch.setattr(self_training, "confident_labels", interrupt)
     with pytest.raises(KeyboardInterrupt):
         train(self_training_config(tmp_path / "cut", folder))
-    monkeypatch.setattr(self_training, "pseudo_labels", real)
+    monkeypatch.setattr(self_training, "confident_labels", real)
     saved = load_checkpoint(tmp_path / "cut" / "last.pt")
     position = {"pass": 1, "done": 1, "max_pixels": None}
     assert (saved["epoch"], saved["batches_done"], saved["unlabelled"]) == (1, 1, position)

@@ -19,6 +19,12 @@ gradients are averaged across ranks, takes one batch of this rank's unlabelled s
 A teacher that is rarely sure of a thin class (curves: a few per cent of the pixels) labels almost nothing but
 background at a global threshold, and the student then learns to miss curves: ``balance`` is for that.
 
+A part of the batch that runs out of memory, in the teacher or the student, is redone in halves, as the labelled
+batches are; the student's halves are each normalised by the whole batch's labelled pixels, so that their sum is the
+batch's loss. A scan the teacher cannot hold alone skips the update's unlabelled batch; one the student cannot hold
+alone is left out of it (each said on the console). The stream's batches stay cut by the budget the run started
+with.
+
 It starts at ``start_epoch`` (1-based), so that the teacher has learned something from the labelled scans first.
 The update's row sums (loss, batches, confident pixels, real pixels) become the metrics row's ``unlabelled_loss``
 (mean over the epoch's updates) and ``confident_share`` (confident pixels over the scans' real pixels).
@@ -39,7 +45,13 @@ from srforge.data.unlabelled import STREAM_SEED, UnlabelledStream
 from srforge.geometry import valid_mask
 from srforge.runtime import distributed
 from srforge.runtime.device import autocast
-from srforge.train.update import no_sync
+from srforge.runtime.device_memory import is_out_of_memory
+from srforge.train.update import backward_or_none, halves, no_sync
+
+
+def teacher_guess(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probability float32 [B, H, W], class int64 [B, H, W]) of the most likely class of ``logits`` [B, K, H, W]."""
+    return logits.float().softmax(dim=1).max(dim=1)
 
 
 def pseudo_labels(
@@ -57,9 +69,23 @@ def pseudo_labels(
     of the batch's pixels predicted as that class (class-balanced self-training, Zou et al., ECCV 2018), so that the
     more confident half of a thin class's pixels is learned even when the teacher is rarely sure of it.
     """
-    probability, label = logits.float().softmax(dim=1).max(dim=1)
-    within = valid_mask(sizes, logits.shape[-2], logits.shape[-1])[:, 0]
-    threshold = torch.full((logits.shape[1],), float(confidence), device=logits.device)
+    probability, label = teacher_guess(logits)
+    return confident_labels(probability, label, sizes, logits.shape[1], confidence, ignore_index, balanced)
+
+
+def confident_labels(
+    probability: torch.Tensor,
+    label: torch.Tensor,
+    sizes: torch.Tensor,
+    num_classes: int,
+    confidence: float,
+    ignore_index: int = IGNORE_INDEX,
+    balanced: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pseudo_labels` from the teacher's guess (:func:`teacher_guess`, [B, H, W] each, of ``num_classes``
+    classes), which parts of a batch may have given separately."""
+    within = valid_mask(sizes, label.shape[-2], label.shape[-1])[:, 0]
+    threshold = torch.full((num_classes,), float(confidence), device=label.device)
     if balanced:
         for c in label[within].unique().tolist():
             mine = probability[within & (label == c)]
@@ -127,11 +153,43 @@ class SelfTraining:
         """The unlabelled loss of the stream's next batch (module docstring), its gradients times ``weight`` added
         to ``trainer``'s (DDP's no_sync: the update's one all-reduce follows); returns the loss, detached."""
         batch = self.stream.next()
-        device, precision = trainer.device, trainer.settings.precision
+        device = trainer.device
         image = batch.image.to(device, non_blocking=True)
         sizes = batch.sizes.to(device, non_blocking=True)
         if trainer.settings.channels_last:
             image = image.contiguous(memory_format=torch.channels_last)
+        guess = self.teach(trainer, image, sizes, batch.name)
+        real = sizes.prod(1).sum()
+        if guess is None:  # a scan the teacher cannot hold alone: no unlabelled loss in this update
+            self.pending = torch.stack([torch.zeros((), dtype=torch.float64, device=device)] * 3 + [real.double()])
+            return torch.zeros((), device=device)
+        k = trainer.num_classes
+        labels, confident = confident_labels(*guess, sizes, k, self.confidence, self.ignore_index, self.balance)
+        del guess
+        image, labels = self.student_view(image, labels, batch.sizes.tolist())  # the host's copy: no sync
+        kept = labels != self.ignore_index
+        ids = labels.masked_fill(~kept, 0).flatten()
+        counts = torch.zeros(k, device=device).index_add(0, ids, kept.flatten().float())  # the whole batch's
+        totals = (kept.sum(), counts)
+        loss, parts = torch.zeros((), device=device), [(0, image.shape[0])]
+        while parts:
+            lo, hi = parts.pop(0)
+            part = (image[lo:hi], labels[lo:hi], sizes[lo:hi])
+            done = backward_or_none(trainer.params, lambda: self.student_step(trainer, part, totals), device)
+            if done is None and hi - lo > 1:
+                parts[:0] = halves(lo, hi)
+            elif done is None:
+                print(f"srforge: out of memory: the unlabelled scan {batch.name[lo]} alone does not fit the student's "
+                      f"step at step {trainer.step}; left out of this update")  # fmt: skip
+            else:
+                loss = loss + done
+        self.pending = torch.stack([loss.double(), torch.ones_like(real).double(),
+                                    confident.sum().double(), real.double()])  # fmt: skip
+        return loss
+
+    def teach(self, trainer, image: torch.Tensor, sizes: torch.Tensor, names) -> tuple | None:
+        """The teacher's guess (:func:`teacher_guess`) of the padded batch, part by part when a part runs out of
+        memory (halves); None when a single scan does not fit (said on the console)."""
         teacher = trainer.averaged
         if teacher is None:
             raise ConfigError(
@@ -139,26 +197,45 @@ class SelfTraining:
                 "(or give the Trainer an EMAHook)."
             )
         teacher.eval()
-        with torch.no_grad(), autocast(device, precision):
-            taught = teacher(image, sizes.clone())
-        labels, confident = pseudo_labels(taught, sizes, self.confidence, self.ignore_index, self.balance)
-        del taught
-        image, labels = self.student_view(image, labels, batch.sizes.tolist())  # the host's copy: no sync
-        counted = (labels != self.ignore_index).sum()
+        guesses, parts = [], [(0, image.shape[0])]
+        while parts:
+            lo, hi = parts.pop(0)
+            try:
+                with torch.no_grad(), autocast(trainer.device, trainer.settings.precision):
+                    guesses.append(teacher_guess(teacher(image[lo:hi], sizes[lo:hi].clone())))
+            except RuntimeError as error:
+                if not is_out_of_memory(error):
+                    raise
+                if trainer.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                if hi - lo == 1:
+                    print(f"srforge: out of memory: the unlabelled scan {names[lo]} alone does not fit the teacher at "
+                          f"step {trainer.step}; this update goes without its unlabelled batch")  # fmt: skip
+                    return None
+                parts[:0] = halves(lo, hi)
+        if len(guesses) == 1:
+            return guesses[0]
+        return torch.cat([g[0] for g in guesses]), torch.cat([g[1] for g in guesses])
+
+    def student_step(self, trainer, part: tuple, totals: tuple) -> torch.Tensor:
+        """Forward, loss (a share of the batch's: ``totals`` are its labelled pixels, all and per class) and backward
+        of the student on ``part`` (image, pseudo-labels, sizes); the loss, detached."""
+        image, labels, sizes = part
         with no_sync(trainer.net):
-            with autocast(device, precision):
+            with autocast(trainer.device, trainer.settings.precision):
                 logits = trainer.net(image, sizes.clone())
-            loss = self.student_loss(logits, labels, counted)
+            loss = self.student_loss(logits, labels, *totals)
             trainer.scaler.scale(loss * self.weight).backward()
-        real = sizes.prod(1).sum()
-        self.pending = torch.stack([loss.detach().double(), torch.ones_like(real).double(),
-                                    confident.sum().double(), real.double()])  # fmt: skip
         return loss.detach()
 
-    def student_loss(self, logits: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy of the student's ``logits`` [B, K, H, W] on the pseudo-``labels`` [B, H, W]: the mean over
-        the ``counted`` labelled pixels, or with ``balance`` the mean over the classes present of each class's mean
-        (a thin class weighs as much as the background around it)."""
+    def student_loss(
+        self, logits: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor, counts: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Cross-entropy of the student's ``logits`` [B, K, H, W] on the pseudo-``labels`` [B, H, W]: the sum over
+        their labelled pixels over the batch's ``counted`` ones, or with ``balance`` the mean over the classes
+        present of each class's sum over its batch count ``counts`` [K] (a thin class weighs as much as the
+        background around it; ``counts`` of ``labels`` themselves when None). A batch done in parts gives each
+        part the batch's counts: the parts' losses add up to the batch's."""
         if not self.balance:
             loss = F.cross_entropy(logits.float(), labels, ignore_index=self.ignore_index, reduction="sum")
             return loss / counted.clamp_min(1)
@@ -167,7 +244,8 @@ class SelfTraining:
         k = logits.shape[1]
         ids = labels.masked_fill(~kept, 0).flatten()
         sums = torch.zeros(k, device=logits.device).index_add(0, ids, (each * kept).flatten())
-        counts = torch.zeros(k, device=logits.device).index_add(0, ids, kept.flatten().float())
+        if counts is None:
+            counts = torch.zeros(k, device=logits.device).index_add(0, ids, kept.flatten().float())
         present = counts > 0
         return (sums / counts.clamp_min(1) * present).sum() / present.sum().clamp_min(1)
 
