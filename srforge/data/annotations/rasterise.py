@@ -21,6 +21,8 @@ fractions of moderate size (integers, halves, quarters) decide every tie exactly
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # Turning what was drawn over the stored pixels into what viewers show (EXIF orientation 1-8), as functions of the
@@ -60,25 +62,34 @@ def turn_array(array: np.ndarray, turn: int) -> np.ndarray:
     return np.ascontiguousarray(ARRAY_TURNS[turn](array))
 
 
+# Long shapes are drawn in bands of rows, each band's window only the columns the shape reaches from them: a
+# diagonal across a large scan would otherwise make a window (and float64 temporaries) of its whole bounding box.
+BAND_PIXELS = 1 << 16  # the most pixels of one band's window (its float64 temporaries: 0.5 MB each)
+DRIFT = 2  # a segment's band may drift sideways by at most this many times what one of its rows reaches
+
+
 def _window(low: float, high: float, limit: int) -> tuple[int, int]:
     """The pixel indices [first, stop) whose centres i + 0.5 lie in [low, high), clipped to [0, limit)."""
-    first = int(np.clip(np.ceil(low - 0.5), 0, limit))
-    stop = int(np.clip(np.ceil(high - 0.5), 0, limit))
+    first = math.ceil(min(max(low - 0.5, 0.0), limit))  # Python scalars: this runs once a band (numpy's: 10x slower)
+    stop = math.ceil(min(max(high - 0.5, 0.0), limit))
     return first, max(first, stop)
 
 
-def polygon_cover(rings: list[np.ndarray], size: tuple[int, int]) -> tuple[int, int, np.ndarray] | None:
+def polygon_cover(rings: list[np.ndarray], size: tuple[int, int]) -> list[tuple[int, int, np.ndarray]]:
     """The pixels of an image of ``size`` (H, W) the polygon ``rings`` (each [N, 2] (x, y), closed implicitly)
-    covers by the even-odd and top-left rules: (top row, left column, bool [h, w] window), or None when none.
+    covers by the even-odd and top-left rules: windows (top row, left column, bool [h, w]), one per band of rows with
+    a covered pixel (none: an empty list).
 
     Each edge crosses the rows whose centre line y = r + 0.5 it spans half-open ([y_low, y_high)); a crossing at x
     toggles every pixel whose centre is at or right of it (c + 0.5 >= x), and a pixel is covered by an odd count.
+    The rows are drawn in bands of BAND_PIXELS / w rows (w: the bounding box's width), each band's window only the
+    columns between its leftmost and rightmost crossing, so a thin slanted polygon costs memory near it, not its box.
     """
     points = np.concatenate(rings)
     r0, r1 = _window(points[:, 1].min(), points[:, 1].max(), size[0])
     c0, c1 = _window(points[:, 0].min(), points[:, 0].max(), size[1])
     if r1 == r0 or c1 == c0:
-        return None
+        return []
     starts = np.concatenate(rings)
     ends = np.concatenate([np.roll(ring, -1, axis=0) for ring in rings])
     slanted = starts[:, 1] != ends[:, 1]
@@ -86,16 +97,42 @@ def polygon_cover(rings: list[np.ndarray], size: tuple[int, int]) -> tuple[int, 
     low, high = np.minimum(a[:, 1], b[:, 1]), np.maximum(a[:, 1], b[:, 1])
     first = np.clip(np.ceil(low - 0.5), r0, r1).astype(np.int64)
     stop = np.clip(np.ceil(high - 0.5), r0, r1).astype(np.int64)
+    step = max(1, BAND_PIXELS // (c1 - c0 + 1))
+    found = []
+    for top in range(r0, r1, step):
+        near = np.flatnonzero((first < top + step) & (stop > top))  # the edges crossing a row of the band
+        band = _polygon_band(a[near], b[near], first[near].clip(min=top), stop[near].clip(max=top + step), (c0, c1))
+        if band is not None:
+            found.append(band)
+    return found
+
+
+def _polygon_band(
+    a: np.ndarray, b: np.ndarray, first: np.ndarray, stop: np.ndarray, columns: tuple[int, int]
+) -> tuple[int, int, np.ndarray] | None:
+    """The covered pixels of one band of rows, where edge i (from ``a[i]`` to ``b[i]``, each [E, 2] (x, y)) crosses
+    the rows [``first[i]``, ``stop[i]``) (each [E]) and ``columns`` are the polygon's [first, stop) columns:
+    (top row, left column, bool [h, w] window), or None when the band covers nothing.
+
+    A row's crossings are even in number (a crossing edge joins a vertex at or above the row's centre line to one
+    below it, and every ring is closed), so no pixel left of the band's leftmost crossing or at or right of its
+    rightmost is covered: the window holds the columns between, cut at the image's right edge."""
     counts = np.maximum(stop - first, 0)
+    if not counts.any():
+        return None
+    top = int(first[counts > 0].min())
     edge = np.repeat(np.arange(len(a)), counts)
     row = np.repeat(first, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
     ya, xa, yb, xb = a[edge, 1], a[edge, 0], b[edge, 1], b[edge, 0]
     x = xa + (row + 0.5 - ya) * (xb - xa) / (yb - ya)
-    column = np.clip(np.ceil(x - 0.5), c0, c1).astype(np.int64) - c0
-    toggles = np.zeros((r1 - r0, c1 - c0 + 1), np.int32)
-    np.add.at(toggles, (row - r0, column), 1)
+    column = np.clip(np.ceil(x - 0.5), *columns).astype(np.int64)  # columns[1]: right of the image
+    left, right = int(column.min()), int(column.max())
+    if right == left:
+        return None
+    toggles = np.zeros((int(row.max()) - top + 1, right - left + 1), np.int32)
+    np.add.at(toggles, (row - top, column - left), 1)
     cover = (np.cumsum(toggles[:, :-1], axis=1) & 1).astype(bool)
-    return r0, c0, cover
+    return (top, left, cover) if cover.any() else None
 
 
 def _tie_wins(vx: np.ndarray, vy: np.ndarray) -> np.ndarray:
@@ -111,18 +148,66 @@ def _off_image(x: np.ndarray, y: np.ndarray, size: tuple[int, int]) -> np.ndarra
     return (x < 0) | (x >= size[1]) | (y < 0) | (y >= size[0])
 
 
-def segment_cover(a: np.ndarray, b: np.ndarray, r2: float, size: tuple[int, int]) -> tuple[int, int, np.ndarray] | None:
+def segment_cover(a: np.ndarray, b: np.ndarray, r2: float, size: tuple[int, int]) -> list[tuple[int, int, np.ndarray]]:
     """The pixels of an image of ``size`` (H, W) within ``sqrt(r2)`` of the segment from ``a`` to ``b`` (each
-    (x, y); a == b: a disc), ties by :func:`_tie_wins`: (top row, left column, bool [h, w] window), or None."""
+    (x, y); a == b: a disc), ties by :func:`_tie_wins`: windows (top row, left column, bool [h, w]), one per band of
+    rows (:func:`_band_rows`) with a covered pixel, each only the columns the segment reaches from its rows."""
     if r2 <= 0:
-        return None
+        return []
     reach = float(np.sqrt(r2)) + 1.0  # a pixel's margin more than the half width: the tie rule decides the rest
     r0, r1 = _window(min(a[1], b[1]) - reach, max(a[1], b[1]) + reach, size[0])
     c0, c1 = _window(min(a[0], b[0]) - reach, max(a[0], b[0]) + reach, size[1])
     if r1 == r0 or c1 == c0:
-        return None
-    py = (np.arange(r0, r1, dtype=np.float64) + 0.5)[:, None]
-    px = (np.arange(c0, c1, dtype=np.float64) + 0.5)[None, :]
+        return []
+    step = _band_rows(float(b[0] - a[0]), float(b[1] - a[1]), reach, c1 - c0)
+    found = []
+    for top in range(r0, r1, step):
+        bottom = min(top + step, r1)
+        left, right = _band_columns(a, b, (top, bottom), reach, size[1])
+        left, right = max(left, c0), min(right, c1)
+        if right > left:
+            cover = _segment_window(a, b, r2, size, (top, bottom), (left, right))
+            if cover.any():
+                found.append((top, left, cover))
+    return found
+
+
+def _band_rows(dx: float, dy: float, reach: float, width: int) -> int:
+    """How many rows a band of a segment of direction (``dx``, ``dy``) holds, ``reach`` its half width plus a pixel
+    and ``width`` its window's columns: at least 1, and no more than keep the band's window within BAND_PIXELS
+    pixels and its drift sideways (slope x rows) within DRIFT times what one row reaches -- so a band's window is at
+    most 1 + DRIFT times the pixels near the segment in its rows, whatever the slope."""
+    slope = abs(dx) / abs(dy) if dy else (np.inf if dx else 0.0)  # columns per row
+    across = min(2 * reach * (1 + slope) + 1, width)  # the columns one row of the segment reaches, at most
+    rows = BAND_PIXELS / ((1 + DRIFT) * across)
+    if 0 < slope and across < width:  # a band of several rows drifts; a window already the full width cannot
+        rows = min(rows, DRIFT * across / slope)
+    return max(1, int(rows))
+
+
+def _band_columns(a: np.ndarray, b: np.ndarray, rows: tuple[int, int], reach: float, limit: int) -> tuple[int, int]:
+    """The columns [first, stop) of an image ``limit`` wide whose pixels in ``rows`` [first, stop) can lie within
+    ``reach`` of the segment from ``a`` to ``b``: around its part within ``reach`` of the rows' centre lines.
+
+    A covered centre lies within reach - 1 of its nearest point, so the pixel of margin absorbs any rounding here."""
+    (ax, ay), (bx, by) = (float(v) for v in a), (float(v) for v in b)  # Python floats: this runs once a band
+    xs = [ax, bx]
+    if by != ay:  # the segment's points at y = the rows' centre lines -/+ reach, as far as it goes
+        xs = [
+            ax + min(max((y - ay) / (by - ay), 0.0), 1.0) * (bx - ax)
+            for y in (rows[0] + 0.5 - reach, rows[1] - 0.5 + reach)
+        ]
+    return _window(min(xs) - reach, max(xs) + reach, limit)
+
+
+def _segment_window(
+    a: np.ndarray, b: np.ndarray, r2: float, size: tuple[int, int], rows: tuple[int, int], columns: tuple[int, int]
+) -> np.ndarray:
+    """Which pixels in ``rows`` x ``columns`` (each [first, stop)) of an image of ``size`` (H, W) lie within
+    ``sqrt(r2)`` of the segment from ``a`` to ``b``, ties by :func:`_tie_wins`: bool [h, w]. Each pixel's answer
+    depends on its centre alone, never on the window, so bands drawn apart join into the one shape."""
+    py = (np.arange(*rows, dtype=np.float64) + 0.5)[:, None]
+    px = (np.arange(*columns, dtype=np.float64) + 0.5)[None, :]
     dx, dy = float(b[0] - a[0]), float(b[1] - a[1])
     length2 = dx * dx + dy * dy
     ax, ay = px - a[0], py - a[1]  # centre - a, [h, w] by broadcasting
@@ -136,7 +221,7 @@ def segment_cover(a: np.ndarray, b: np.ndarray, r2: float, size: tuple[int, int]
     # centre inside wins the tie (a line along the right or bottom border would otherwise paint nothing).
     cover_cap = (cap < r2) | ((cap == r2) & (_tie_wins(vx, vy) | _off_image(px - 2 * vx, py - 2 * vy, size)))
     if length2 == 0:
-        return r0, c0, cover_cap
+        return cover_cap
     cross = dx * ay - dy * ax  # (centre - a) = t d + cross / |d|^2 (-dy, dx)
     side = cross * cross
     limit = r2 * length2
@@ -145,16 +230,15 @@ def segment_cover(a: np.ndarray, b: np.ndarray, r2: float, size: tuple[int, int]
     mirrored = _off_image(2 * foot_x - px, 2 * foot_y - py, size)
     cover_side = (side < limit) | ((side == limit) & (_tie_wins(sign * -dy, sign * dx) | mirrored))
     inside = ~before & ~after
-    return r0, c0, np.where(inside, cover_side, cover_cap)
+    return np.where(inside, cover_side, cover_cap)
 
 
 def polyline_cover(points: np.ndarray, r2: float, size: tuple[int, int]) -> list[tuple[int, int, np.ndarray]]:
     """The windows (top row, left column, bool [h, w]) a polyline of [N, 2] ``points`` and half width
-    ``sqrt(r2)`` covers: one a segment (one point: a disc)."""
+    ``sqrt(r2)`` covers: a segment's bands (:func:`segment_cover`) after another's (one point: a disc)."""
     if len(points) == 1:
         points = np.concatenate([points, points])
-    found = (segment_cover(points[i], points[i + 1], r2, size) for i in range(len(points) - 1))
-    return [window for window in found if window is not None]
+    return [window for i in range(len(points) - 1) for window in segment_cover(points[i], points[i + 1], r2, size)]
 
 
 def bitmap_cover(bitmap: np.ndarray, left: int, top: int, size: tuple[int, int]) -> tuple[int, int, np.ndarray] | None:

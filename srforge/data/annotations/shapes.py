@@ -234,19 +234,16 @@ def size_problem(scan: Scan, stored: tuple[int, int], turn: int, rules: LabelRul
 def _windows(shape: Shape, rules: LabelRules, size: tuple[int, int]) -> list:
     """The covered windows of one shape over an image of displayed ``size``."""
     if shape.kind == "polygon":
-        found = polygon_cover(shape.parts, size) if all(len(p) >= 3 for p in shape.parts) else None
-        return [found] if found is not None else []
+        return polygon_cover(shape.parts, size) if all(len(p) >= 3 for p in shape.parts) else []
     if shape.kind == "line":
         half = rules.line_widths.get(shape.label, rules.line_width) / 2
         return polyline_cover(shape.parts[0], half * half, size)
     if shape.kind == "points":
         r2 = rules.point_radius**2
-        found = (segment_cover(p, p, r2, size) for p in shape.parts[0])
-        return [f for f in found if f is not None]
+        return [window for p in shape.parts[0] for window in segment_cover(p, p, r2, size)]
     if shape.kind == "circle":
         centre = shape.parts[0][0]
-        found = segment_cover(centre, centre, shape.radius2, size)
-        return [found] if found is not None else []
+        return segment_cover(centre, centre, shape.radius2, size)
     found = bitmap_cover(shape.bitmap, shape.origin[0], shape.origin[1], size)
     return [found] if found is not None else []
 
