@@ -14,7 +14,8 @@ is scored by srforge's evaluator (foreground IoU, micro, and its tolerance F1 wi
 The randomised own-curves generator is also trained with what learns from the target scans without their masks
 (issue 37): self-training (``train.self_training``, the EMA teacher's confident pixels) on the renderer's images
 drawn with other seeds over the dev and test sets' depths (never the test scans), and, as the archive case, on the
-dev and test scans' own images; the thin-structure loss (``train.skeleton_weight``); and both.
+dev and test scans' own images; the thin-structure loss (``train.skeleton_weight``); and both, with class-balanced
+self-training and with ClassMix (``mix``: the update's labelled curves pasted into the student's unlabelled view).
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
 (TOTEM #9) and 6038187_v1.2.las (Scorpio E1). TOTEM #9's first 60% of depths are written as a LAS file of their
@@ -208,6 +209,14 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
     add("+ skeleton recall loss", [f"train.skeleton_weight={SKELETON_WEIGHT}"])
     add("+ both (other renderer scans)", [*learning_from(unlabelled["other seed"]),
                                           f"train.skeleton_weight={SKELETON_WEIGHT}"])  # fmt: skip
+    skeleton = f"train.skeleton_weight={SKELETON_WEIGHT}"
+    for kind, where in (("other seed", "other renderer scans"), ("test images", "the test scans' images")):
+        add(f"+ class-balanced self-training and skeleton loss ({where})",
+            [*learning_from(unlabelled[kind], balance=True), skeleton])  # fmt: skip
+    add("+ ClassMix self-training and skeleton loss (other renderer scans)",
+        [*learning_from(unlabelled["other seed"], mix=True), skeleton])  # fmt: skip
+    add("+ ClassMix class-balanced self-training and skeleton loss (other renderer scans)",
+        [*learning_from(unlabelled["other seed"], mix=True, balance=True), skeleton])  # fmt: skip
     return rows
 
 

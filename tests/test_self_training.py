@@ -18,7 +18,7 @@ from srforge.data import DataError
 from srforge.data.unlabelled import UnlabelledScans, UnlabelledStream
 from srforge.runtime.checkpoint import load_checkpoint
 from srforge.train import train
-from srforge.train.self_training import SelfTraining, pseudo_labels
+from srforge.train.self_training import SelfTraining, class_mix, pseudo_labels
 
 
 def unlabelled_folder(root: Path, n: int = 7) -> Path:
@@ -128,6 +128,47 @@ def test_a_scan_the_teacher_cannot_hold_alone_skips_the_unlabelled_batch_and_say
     loss, grads = unlabelled_step(tmp_path, 0, balance=False)
     assert loss == 0 and grads == [None, None]  # nothing of the batch in the gradients
     assert "out of memory: the unlabelled scan " in capsys.readouterr().out
+
+
+def test_class_mix_pastes_a_labelled_scans_foreground_where_both_scans_extend():
+    """Unlabelled scans 3 x 4 and 2 x 2 (padded to 3 x 4), image 10, pseudo-labels 0 with one ignored pixel; one
+    labelled scan 2 x 3 (padded to 3 x 4), image 200, classes [[1, 0, 2], [255, 1, 0]]: scan 0 takes its classes 1
+    and 2 at (0, 0), (0, 2), (1, 1) and nothing else; scan 1 (2 x 2) only (0, 0) and (1, 1); padding untouched."""
+    image = torch.full((2, 3, 3, 4), 10, dtype=torch.uint8)
+    image[1, :, 2:, :] = image[1, :, :, 2:] = 0  # scan 1's padding
+    labels = torch.zeros(2, 3, 4, dtype=torch.long)
+    labels[0, 2, 3] = labels[1, 2:, :] = labels[1, :, 2:] = 255
+    source = torch.full((1, 3, 3, 4), 200, dtype=torch.uint8)
+    mask = torch.full((1, 3, 4), 255, dtype=torch.long)
+    mask[0, :2, :3] = torch.tensor([[1, 0, 2], [255, 1, 0]])
+    mixed, mixed_labels = class_mix(image, labels, [(3, 4), (2, 2)], (source, mask, [(2, 3)]), 255)
+    want = torch.zeros(2, 3, 4, dtype=torch.bool)
+    want[0, 0, 0] = want[0, 0, 2] = want[0, 1, 1] = want[1, 0, 0] = want[1, 1, 1] = True
+    pasted = want[:, None].expand_as(image)
+    assert torch.equal(mixed[:, 0] == 200, want) and torch.equal(mixed[~pasted], image[~pasted])
+    expected = labels.clone()
+    expected[0, 0, 0] = expected[0, 1, 1] = expected[1, 0, 0] = expected[1, 1, 1] = 1
+    expected[0, 0, 2] = 2
+    assert torch.equal(mixed_labels, expected)
+    assert torch.equal(image[0, 0], torch.full((3, 4), 10, dtype=torch.uint8))  # the inputs are not changed
+
+
+def test_a_run_with_mix_pastes_the_updates_labelled_scans_into_the_students_view(tmp_path, monkeypatch):
+    import srforge.train.self_training as self_training
+
+    real, seen = self_training.class_mix, []
+
+    def spy(image, labels, sizes, labelled, ignore_index):
+        seen.append((len(sizes), labelled[0].shape[0], labelled[1].shape))
+        mixed = real(image, labels, sizes, labelled, ignore_index)
+        assert (mixed[1] != labels).any()  # TinyStrips' curves landed on the unlabelled scans' labels
+        return mixed
+
+    monkeypatch.setattr(self_training, "class_mix", spy)
+    folder = unlabelled_folder(tmp_path / "scans")
+    train(self_training_config(tmp_path / "run", folder, self_training={"mix": True, "start_epoch": 3}))
+    assert len(seen) == 3  # the third epoch's 3 updates, each with its labelled batch
+    assert all(labelled == shape[0] and labelled >= 1 for _, labelled, shape in seen)
 
 
 # -- the stream -----------------------------------------------------------------------------------------------------
@@ -256,6 +297,7 @@ def test_scans_larger_than_the_budget_alone_are_left_out_and_named(tmp_path):
         ({"self_training": {"augment": {"scale": [0.5, 2]}}}, "train.self_training.augment.scale: the student must"),
         ({"self_training": {"confidence": 1.5}}, "train.self_training.confidence: expected a probability"),
         ({"self_training": {"wieght": 1}}, "train.self_training: unknown key 'wieght'"),
+        ({"self_training": {"mix": "yes"}}, "train.self_training.mix: expected true or false, found 'yes'"),
     ],
 )
 def test_self_training_without_its_parts_is_a_config_error(tmp_path, change, expected):

@@ -104,7 +104,9 @@ def unlabelled_paths(value: Any, path: str) -> None:
         raise ConfigError(f"{path}: expected a folder or archive path, or a list of them, found {value!r}.")
 
 
-SELF_TRAINING = {"weight": 1.0, "confidence": 0.9, "start_epoch": 1, "augment": {"hflip": 0.5}, "balance": False}
+SELF_TRAINING = {
+    "weight": 1.0, "confidence": 0.9, "start_epoch": 1, "augment": {"hflip": 0.5}, "balance": False, "mix": False,
+}  # fmt: skip
 
 
 def self_training_spec(value: Any, path: str) -> None:
@@ -114,7 +116,7 @@ def self_training_spec(value: Any, path: str) -> None:
         return
     if not isinstance(value, Mapping):
         raise ConfigError(
-            f"{path}: expected {{weight, confidence, start_epoch, augment, balance}} or null, found {value!r}."
+            f"{path}: expected {{weight, confidence, start_epoch, augment, balance, mix}} or null, found {value!r}."
         )
     unknown = sorted(set(value) - set(SELF_TRAINING))
     if unknown:
@@ -135,8 +137,9 @@ def self_training_spec(value: Any, path: str) -> None:
             "allowed here (flips, affine, color_jitter and noise are)."
         )
     augment_recipe(recipe, f"{path}.augment")
-    if not isinstance(value.get("balance", False), bool):
-        raise ConfigError(f"{path}.balance: expected true or false, found {value['balance']!r}.")
+    for flag in ("balance", "mix"):
+        if not isinstance(value.get(flag, False), bool):
+            raise ConfigError(f"{path}.{flag}: expected true or false, found {value[flag]!r}.")
 
 
 def pixel_budget(value: Any, path: str) -> None:

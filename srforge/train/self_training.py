@@ -13,6 +13,10 @@ gradients are averaged across ranks, takes one batch of this rank's unlabelled s
 3. :meth:`SelfTraining.student_view`: each scan, cut to its true extent, goes through ``augment`` (a data.augment
    recipe without ``scale``) with its pseudo-labels, seeded by the stream's position, so that geometric steps move
    both alike (pixels an affine leaves empty get no label);
+   With ``mix`` (DACS's ClassMix, Tranheden et al., WACV 2021), before the augmentation each unlabelled scan first
+   gets the foreground pixels (every class but 0) of one of the update's labelled scans pasted over it, aligned at
+   the top-left and cut to both extents, labelled with their true classes (:func:`class_mix`): the student keeps
+   seeing curves on the target's paper, labelled truly, where the teacher alone would label mostly background;
 4. the student's cross-entropy over the labelled pixels of that view (with ``balance``, each class's mean, averaged
    over the classes present), times ``weight``, is added to the gradients.
 
@@ -94,6 +98,29 @@ def confident_labels(
     return label.masked_fill(~confident, ignore_index), confident
 
 
+def class_mix(
+    image: torch.Tensor,
+    labels: torch.Tensor,
+    sizes: list,
+    labelled: tuple[torch.Tensor, torch.Tensor, list],
+    ignore_index: int = IGNORE_INDEX,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ClassMix of an unlabelled batch (``image`` uint8 [B, C, H, W], pseudo-``labels`` int64 [B, H, W], true
+    ``sizes`` [(h, w), ...]) with a labelled one (``labelled``: image uint8 [L, C, H', W'], mask [L, H', W'], sizes
+    [(h, w), ...]): scan b takes labelled scan b mod L's foreground pixels (class not 0 nor ``ignore_index``) where
+    both scans extend (top-left aligned), image and class alike. New tensors; padding untouched."""
+    image, labels = image.clone(), labels.clone()
+    source, mask, extents = labelled
+    for b, (h, w) in enumerate(sizes):
+        j = b % source.shape[0]
+        hh, ww = min(h, extents[j][0]), min(w, extents[j][1])
+        classes = mask[j, :hh, :ww].long()
+        paste = (classes != 0) & (classes != ignore_index)
+        image[b, :, :hh, :ww] = torch.where(paste, source[j, :, :hh, :ww].to(image.dtype), image[b, :, :hh, :ww])
+        labels[b, :hh, :ww] = torch.where(paste, classes, labels[b, :hh, :ww])
+    return image, labels
+
+
 class SelfTraining:
     """The unlabelled half of each update (module docstring). ``stream`` gives the batches; ``weight``,
     ``confidence``, ``start_epoch`` and ``augment`` are train.self_training's keys; ``seed`` is run.seed."""
@@ -107,10 +134,12 @@ class SelfTraining:
         start_epoch: int = 1,
         augment: Mapping | None = None,
         balance: bool = False,
+        mix: bool = False,
         ignore_index: int = IGNORE_INDEX,
         seed: int = 0,
     ):
         self.stream, self.weight, self.confidence, self.balance = stream, float(weight), float(confidence), balance
+        self.mix, self.labelled = mix, None
         self.start_epoch, self.ignore_index, self.seed = int(start_epoch), ignore_index, seed
         self.augment = None
         if augment:
@@ -128,6 +157,12 @@ class SelfTraining:
     def active(self, epoch: int) -> bool:
         """Whether the 0-based ``epoch`` learns from the unlabelled scans."""
         return epoch + 1 >= self.start_epoch
+
+    def remember(self, image: torch.Tensor, mask: torch.Tensor, sizes: torch.Tensor) -> None:
+        """With ``mix``: keep the update's latest labelled batch (image uint8 [L, C, H, W] and mask [L, H, W] on the
+        device, sizes [L, 2] on the host) for :func:`class_mix`; otherwise nothing is kept."""
+        if self.mix:
+            self.labelled = (image, mask, sizes.tolist())
 
     def start_pass(self, device: torch.device) -> None:
         """Zero the pass's sums: float64 [4] (loss sum, batches, confident pixels, real pixels) on ``device``."""
@@ -166,6 +201,9 @@ class SelfTraining:
         k = trainer.num_classes
         labels, confident = confident_labels(*guess, sizes, k, self.confidence, self.ignore_index, self.balance)
         del guess
+        if self.mix and self.labelled is not None:
+            image, labels = class_mix(image, labels, batch.sizes.tolist(), self.labelled, self.ignore_index)
+        self.labelled = None
         image, labels = self.student_view(image, labels, batch.sizes.tolist())  # the host's copy: no sync
         kept = labels != self.ignore_index
         ids = labels.masked_fill(~kept, 0).flatten()

@@ -323,6 +323,8 @@ class Trainer:
         budget's pixels, halving any part that runs out of memory (:meth:`run_parts`); its sums into ``update``."""
         tensors = self.to_device(batch)
         image, mask, sizes = tensors[:3]
+        if self.self_training is not None:
+            self.self_training.remember(image, mask, batch.sizes)  # train.self_training.mix pastes its curves
         names = batch.name if isinstance(batch.name, list) else [batch.name]
         parts = parts_of(image.shape[0], self.budget.scans_per_part(image.shape))
         weighted = self.settings.accumulate > 1 or len(parts) > 1
