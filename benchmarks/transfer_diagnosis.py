@@ -1,0 +1,109 @@
+"""What the gap between srforge's generator and the second renderer is made of (issue 37), read from the models and
+sets bench_transfer.py left in its work folder (run it first):
+
+- curve thickness: the mean length of the vertical runs of curve pixels, in the masks of each renderer's training
+  scans, in the same-well test masks, and in the predictions of the generator's model and the renderer's own model;
+- the mask's edge: the mean grey of the pixels just inside a mask, just outside it (1 and 2 px) and far from it, and
+  where the first pixel outside lies between paper (0) and ink (1), for each renderer's scans;
+- the decision threshold: foreground IoU of each model on each test set when a pixel is curve at p(curve) >= t, for
+  a few t (chosen on the test set itself: an optimistic bound on what recalibration could give).
+
+    python benchmarks/transfer_diagnosis.py [--work benchmarks/results/transfer_work] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from scipy import ndimage
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from srforge.predict import Predictor  # noqa: E402
+
+GENERATOR = "srforge_generator_own_curves_randomisation_on_seed{seed}_"
+THRESHOLDS = (0.5, 0.4, 0.3, 0.2)
+
+
+def vertical_runs(mask: np.ndarray) -> np.ndarray:
+    """The lengths of the vertical runs of True in bool [H, W]."""
+    edges = np.diff(np.pad(mask.astype(np.int8), ((1, 1), (0, 0))), axis=0)
+    return np.flatnonzero(edges.T == -1) - np.flatnonzero(edges.T == 1)
+
+
+def read(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+def pairs(folder: Path, limit: int = 40) -> list[tuple[Path, Path]]:
+    images = sorted(folder.rglob("images/*.png"))[:limit]
+    return [(image, image.parent.parent / "masks" / image.name) for image in images]
+
+
+def edge_greys(found: list[tuple[Path, Path]]) -> list[float]:
+    """Mean grey just inside the masks, 1 and 2 px outside, and 4+ px away."""
+    sums, counts = np.zeros(4), np.zeros(4)
+    for image, mask_path in found:
+        grey = np.asarray(Image.open(image).convert("L"), dtype=np.float64)
+        mask = np.asarray(Image.open(mask_path)) > 0
+        one = ndimage.binary_dilation(mask) & ~mask
+        two = ndimage.binary_dilation(mask, iterations=2) & ~mask & ~one
+        far = ~ndimage.binary_dilation(mask, iterations=4)
+        for i, where in enumerate((mask & ~ndimage.binary_erosion(mask), one, two, far)):
+            sums[i], counts[i] = sums[i] + grey[where].sum(), counts[i] + where.sum()
+    return list(sums / counts)
+
+
+def probabilities(predictor: Predictor, image: np.ndarray) -> np.ndarray:
+    scan = torch.from_numpy(image.copy()).permute(2, 0, 1).contiguous()
+    return predictor.probabilities([scan])[0][1].float().numpy()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "results" / "transfer_work")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    runs = args.work / "runs"
+    generator = next(runs.glob(GENERATOR.format(seed=args.seed) + "n*"), None)
+    renderer = next(runs.glob(f"renderer_*_seed{args.seed}_*"), None)
+    sets = next(args.work.glob("sets_*"), None)
+    if generator is None or renderer is None or sets is None:
+        raise SystemExit(f"{args.work}: run benchmarks/bench_transfer.py first (seed {args.seed}, both models)")
+    models = {"generator's model": Predictor.from_checkpoint(generator / "best.pt", device="cpu"),
+              "renderer's model": Predictor.from_checkpoint(renderer / "best.pt", device="cpu")}  # fmt: skip
+    training = {"generator": pairs(args.work / "srforge_train" / generator.name),
+                "renderer": pairs(args.work / "renderer_train")}  # fmt: skip
+    same_well = pairs(sets / "test_same_well", limit=1000)
+
+    print("vertical runs of curve pixels (mean px):")
+    for name, found in training.items():
+        runs_ = np.concatenate([vertical_runs(np.asarray(Image.open(m)) > 0) for _, m in found])
+        print(f"  {name} training masks: {runs_.mean():.2f}")
+    truth = [np.asarray(Image.open(m)) > 0 for _, m in same_well]
+    print(f"  same-well test masks: {np.concatenate([vertical_runs(t) for t in truth]).mean():.2f}")
+    predicted = {name: [probabilities(p, read(i)) for i, _ in same_well] for name, p in models.items()}
+    for name, probs in predicted.items():
+        mean = np.concatenate([vertical_runs(q >= 0.5) for q in probs]).mean()
+        print(f"  {name}'s same-well predictions: {mean:.2f}")
+
+    print("grey at the mask's edge (inside, 1 px out, 2 px out, far); where 1 px out lies from paper (0) to ink (1):")
+    for name, found in {**training, "same-well test": same_well}.items():
+        inside, one, two, far = edge_greys(found)
+        print(f"  {name}: {inside:.1f} {one:.1f} {two:.1f} {far:.1f}; {(far - one) / (far - inside):.2f}")
+
+    print(f"foreground IoU at p(curve) >= {', '.join(map(str, THRESHOLDS))} (same-well test set):")
+    flat_truth = np.concatenate([t.ravel() for t in truth])
+    for name, probs in predicted.items():
+        flat = np.concatenate([q.ravel() for q in probs])
+        ious = [(flat >= t)[flat_truth].sum() / ((flat >= t) | flat_truth).sum() for t in THRESHOLDS]
+        print(f"  {name}: " + " ".join(f"{iou:.3f}" for iou in ious))
+
+
+if __name__ == "__main__":
+    main()
