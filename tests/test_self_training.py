@@ -97,13 +97,17 @@ class Strict(torch.nn.Module):
         return self.conv(image.float() / 255)
 
 
-def unlabelled_step(tmp_path, fits: int | None, balance: bool):
-    """One SelfTraining.backward over a batch of 4 unlabelled scans, teacher and student Strict(fits): the loss and
-    the student's gradients."""
+def unlabelled_step(tmp_path, fits: int | None, balance: bool, student_fits: int | None = None, damaged=()):
+    """One SelfTraining.backward over a batch of 4 unlabelled scans (those in ``damaged`` cut short), teacher
+    Strict(fits) and student Strict(student_fits, default fits): the loss, the student's gradients and the pending
+    sums (loss, batches, confident, real pixels)."""
     from types import SimpleNamespace
 
-    stream = UnlabelledStream(UnlabelledScans(str(unlabelled_folder(tmp_path, n=4))), divisor=4, seed=0, batch_size=4)
-    net, teacher = Strict(fits), Strict(fits)
+    folder = unlabelled_folder(tmp_path, n=4)
+    for i in damaged:
+        damage(folder / f"u{i}.png")
+    stream = UnlabelledStream(UnlabelledScans(str(folder)), divisor=4, seed=0, batch_size=4)
+    net, teacher = Strict(fits if student_fits is None else student_fits), Strict(fits)
     teacher.conv.weight.data += 0.5  # a teacher unlike its student: the loss is not 0
     settings = SimpleNamespace(precision="fp32", channels_last=False)
     trainer = SimpleNamespace(
@@ -112,22 +116,34 @@ def unlabelled_step(tmp_path, fits: int | None, balance: bool):
     )  # fmt: skip
     self_training = SelfTraining(stream, confidence=0.5, balance=balance)
     loss = self_training.backward(trainer)
-    return loss, [None if p.grad is None else p.grad.clone() for p in net.parameters()]
+    return loss, [None if p.grad is None else p.grad.clone() for p in net.parameters()], self_training.pending
 
 
 @pytest.mark.parametrize("balance", [False, True])
 def test_an_unlabelled_batch_out_of_memory_is_redone_in_parts_to_the_same_loss_and_gradients(tmp_path, balance):
-    whole, grads = unlabelled_step(tmp_path / "whole", None, balance)
-    parts, part_grads = unlabelled_step(tmp_path / "parts", 1, balance)  # 4 scans -> halves -> quarters
+    whole, grads, _ = unlabelled_step(tmp_path / "whole", None, balance)
+    parts, part_grads, _ = unlabelled_step(tmp_path / "parts", 1, balance)  # 4 scans -> halves -> quarters
     assert whole > 0 and torch.allclose(parts, whole, rtol=1e-5, atol=1e-7)
     for a, b in zip(grads, part_grads):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 def test_a_scan_the_teacher_cannot_hold_alone_skips_the_unlabelled_batch_and_says_so(tmp_path, capsys):
-    loss, grads = unlabelled_step(tmp_path, 0, balance=False)
+    loss, grads, pending = unlabelled_step(tmp_path, 0, balance=False)
     assert loss == 0 and grads == [None, None]  # nothing of the batch in the gradients
-    assert "out of memory: the unlabelled scan " in capsys.readouterr().out
+    assert pending.tolist() == [0, 0, 0, 0]  # nor in the epoch's unlabelled_loss and confident_share
+    assert "alone does not fit the teacher" in capsys.readouterr().out
+
+
+def test_scans_the_student_cannot_hold_alone_are_left_out_and_the_rest_still_learned(tmp_path, capsys):
+    loss, grads, pending = unlabelled_step(tmp_path, None, balance=False, student_fits=0)  # no scan fits
+    assert loss == 0 and grads == [None, None] and pending.tolist() == [0, 0, 0, 0]
+    assert capsys.readouterr().out.count("alone does not fit the student's step") == 4
+
+
+def test_a_batch_none_of_whose_scans_decodes_teaches_nothing(tmp_path):
+    loss, grads, pending = unlabelled_step(tmp_path, None, balance=False, damaged=(0, 1, 2, 3))
+    assert loss == 0 and grads == [None, None] and pending.tolist() == [0, 0, 0, 0]
 
 
 def test_class_mix_pastes_a_labelled_scans_foreground_where_both_scans_extend():
@@ -151,6 +167,10 @@ def test_class_mix_pastes_a_labelled_scans_foreground_where_both_scans_extend():
     expected[0, 0, 2] = 2
     assert torch.equal(mixed_labels, expected)
     assert torch.equal(image[0, 0], torch.full((3, 4), 10, dtype=torch.uint8))  # the inputs are not changed
+    floats = class_mix(image, labels, [(3, 4), (2, 2)], (source.float() / 255, mask, [(2, 3)]), 255)
+    assert torch.equal(floats[0], mixed) and torch.equal(floats[1], mixed_labels)  # a Dataset's float images alike
+    with pytest.raises(ValueError, match="the labelled scans have 1 channel.s. and the unlabelled ones 3"):
+        class_mix(image, labels, [(3, 4), (2, 2)], (source[:, :1], mask, [(2, 3)]), 255)
 
 
 def test_a_run_with_mix_pastes_the_updates_labelled_scans_into_the_students_view(tmp_path, monkeypatch):
@@ -167,8 +187,7 @@ def test_a_run_with_mix_pastes_the_updates_labelled_scans_into_the_students_view
     monkeypatch.setattr(self_training, "class_mix", spy)
     folder = unlabelled_folder(tmp_path / "scans")
     train(self_training_config(tmp_path / "run", folder, self_training={"mix": True, "start_epoch": 3}))
-    assert len(seen) == 3  # the third epoch's 3 updates, each with its labelled batch
-    assert all(labelled == shape[0] and labelled >= 1 for _, labelled, shape in seen)
+    assert sorted(labelled for _, labelled, _ in seen) == [2, 3, 3]  # epoch 3's updates: 8 scans in batches of 3
 
 
 # -- the stream -----------------------------------------------------------------------------------------------------
@@ -239,7 +258,7 @@ def test_a_scan_that_does_not_decode_is_left_out_of_its_batch_and_named_once(tmp
     scans = UnlabelledScans(str(folder))
     assert len(scans) == 5 and not scans.rejected  # its header reads: listed, and found out only when decoded
     stream = UnlabelledStream(scans, divisor=4, seed=1, batch_size=2, num_workers=workers)  # 3 batches a pass
-    drawn = [stream.next()["name"] for _ in range(6)]  # two passes
+    drawn = [[] if batch is None else batch["name"] for batch in (stream.next() for _ in range(6))]  # two passes
     for names in (drawn[:3], drawn[3:]):
         assert sorted(n for batch in names for n in batch) == sorted(set(scans.names) - {f"{folder}/u2.png"})
     out = capsys.readouterr().out
@@ -247,13 +266,29 @@ def test_a_scan_that_does_not_decode_is_left_out_of_its_batch_and_named_once(tmp
     assert f"left out {folder}/u2.png, which does not decode: " in out
 
 
-def test_a_pass_in_which_no_scan_decodes_is_an_error_naming_one(tmp_path):
+def test_a_batch_without_a_scan_that_decodes_is_none_and_a_pass_of_them_an_error(tmp_path):
     folder = unlabelled_folder(tmp_path / "scans", n=3)
     for path in folder.glob("*.png"):
         damage(path)
-    stream = UnlabelledStream(UnlabelledScans(str(folder)), divisor=4, seed=0, batch_size=2)
+    stream = UnlabelledStream(UnlabelledScans(str(folder)), divisor=4, seed=0, batch_size=2)  # 2 batches a pass
+    assert stream.next() is None and stream.next() is None  # one batch a call all the same: ranks stay in step
+    assert stream.cursor == (0, 2)
     with pytest.raises(DataError, match=r"not one scan of 3 batches in a row decodes \(3 unreadable so far, e\.g\."):
         stream.next()
+
+
+def test_past_the_first_unreadable_scans_the_rest_are_counted_not_named(tmp_path, capsys, monkeypatch):
+    import srforge.data.unlabelled as unlabelled
+
+    monkeypatch.setattr(unlabelled, "NAMED_UNREADABLE", 2)
+    folder = unlabelled_folder(tmp_path / "scans", n=5)
+    for i in (0, 1, 2, 3):
+        damage(folder / f"u{i}.png")
+    stream = UnlabelledStream(UnlabelledScans(str(folder)), divisor=4, seed=0, batch_size=1)
+    for _ in range(5):
+        stream.next()
+    out = capsys.readouterr().out
+    assert out.count("which does not decode") == 2 and out.count("from here on they are left out unnamed") == 1
 
 
 def test_a_stream_under_a_pixel_budget_resumes_where_it_was_whatever_the_passes_lengths(tmp_path):

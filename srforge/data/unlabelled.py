@@ -13,7 +13,9 @@ the true sizes recorded. Under torchrun each rank takes every world-th batch of 
 cut to a multiple of the world so that every rank has as many (an archive too small to give each rank one batch is
 an error). A scan whose header reads but whose pixels do not decode (a damaged file, one changed since the start)
 is left out of its batch with a warning naming it, the first time it fails, and the run goes on: one bad file in an
-archive of a hundred thousand should not stop a day of training. A pass in which no scan decodes is an error.
+archive of a hundred thousand should not stop a day of training. A batch none of whose scans decodes is handed out
+as None (its update learns nothing unlabelled), so that every rank still takes one batch an update; a pass's worth
+of such batches in a row is an error.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from srforge.data.images import DataError
 from srforge.data.sampling import SizeGroupedBatchSampler
 
 STREAM_SEED = 7919  # added to run.seed: the unlabelled order is not the labelled one
+NAMED_UNREADABLE = 20  # scans that do not decode, named one by one; past it they are counted (a replaced archive)
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ class UnlabelledStream:
         )  # fmt: skip
         self.collate = SkippingCollate(AlignedCollate(divisor, pad={"image": 0}, channels_last=channels_last))
         self.unreadable: dict[str, str] = {}  # name -> why, each warned about once
+        self.empty = 0  # batches in a row none of whose scans decoded
         self.position = (0, 0)  # (pass, batches done in it) of the last batch committed to a taken update
         self._cursor = (0, 0)  # of the next batch to hand out
         self._batches = None
@@ -197,22 +201,29 @@ class UnlabelledStream:
         """The batches handed out so far are in a taken update: a checkpoint from now on starts after them."""
         self.position = self._cursor
 
-    def next(self) -> Entry:
-        """The next batch of the scans that decode (:class:`Unreadable` ones left out, each warned about once); a
-        batch with none goes on to the one after; a finished pass starts the next."""
-        for _ in range(len(self.sampler) + 1):
-            batch, failed = self._next()
-            for scan in failed:
-                if scan.name not in self.unreadable:
-                    self.unreadable[scan.name] = scan.why
+    def next(self) -> Entry | None:
+        """The next batch of the scans that decode (:class:`Unreadable` ones left out and named, the first
+        NAMED_UNREADABLE of them, on the console), or None when none of its scans does: one batch a call whatever
+        happens, so that ranks taking one each update stay in step; a finished pass starts the next. A whole pass
+        of batches in a row without a scan that decodes is an error."""
+        batch, failed = self._next()
+        for scan in failed:
+            if scan.name not in self.unreadable:
+                self.unreadable[scan.name] = scan.why
+                if len(self.unreadable) <= NAMED_UNREADABLE:
                     print(f"srforge: warning: data.unlabelled: left out {scan.name}, which does not decode: {scan.why}")
-            if batch is not None:
-                return batch
-        (name, why), tried = next(iter(self.unreadable.items())), len(self.sampler) + 1
-        raise DataError(
-            f"data.unlabelled: not one scan of {tried} batches in a row decodes ({len(self.unreadable)} "
-            f"unreadable so far, e.g. {name}: {why}); replace the damaged files or leave them out of data.unlabelled."
-        )
+                elif len(self.unreadable) == NAMED_UNREADABLE + 1:
+                    print(f"srforge: warning: data.unlabelled: more scans do not decode; from here on they are left "
+                          f"out unnamed (the first {NAMED_UNREADABLE} are above)")  # fmt: skip
+        self.empty = 0 if batch is not None else self.empty + 1
+        if self.empty > len(self.sampler):
+            (name, why), tried = next(iter(self.unreadable.items())), self.empty
+            raise DataError(
+                f"data.unlabelled: not one scan of {tried} batches in a row decodes ({len(self.unreadable)} "
+                f"unreadable so far, e.g. {name}: {why}); replace the damaged files or leave them out of "
+                "data.unlabelled."
+            )
+        return batch
 
     def _next(self) -> tuple[Entry | None, list[Unreadable]]:
         pass_, done = self._cursor

@@ -50,7 +50,7 @@ from srforge.geometry import valid_mask
 from srforge.runtime import distributed
 from srforge.runtime.device import autocast
 from srforge.runtime.device_memory import is_out_of_memory
-from srforge.train.update import backward_or_none, halves, no_sync
+from srforge.train.update import backward_or_none, halves, no_sync, parts_of
 
 
 def teacher_guess(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,11 +106,19 @@ def class_mix(
     ignore_index: int = IGNORE_INDEX,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ClassMix of an unlabelled batch (``image`` uint8 [B, C, H, W], pseudo-``labels`` int64 [B, H, W], true
-    ``sizes`` [(h, w), ...]) with a labelled one (``labelled``: image uint8 [L, C, H', W'], mask [L, H', W'], sizes
-    [(h, w), ...]): scan b takes labelled scan b mod L's foreground pixels (class not 0 nor ``ignore_index``) where
-    both scans extend (top-left aligned), image and class alike. New tensors; padding untouched."""
-    image, labels = image.clone(), labels.clone()
+    ``sizes`` [(h, w), ...]) with a labelled one (``labelled``: image [L, C, H', W'], uint8 or float in [0, 1], mask
+    [L, H', W'], sizes [(h, w), ...]): scan b takes labelled scan b mod L's foreground pixels (class not 0 nor
+    ``ignore_index``) where both scans extend (top-left aligned), image and class alike. New tensors; padding
+    untouched."""
     source, mask, extents = labelled
+    if source.shape[1] != image.shape[1]:
+        raise ValueError(
+            f"train.self_training.mix: the labelled scans have {source.shape[1]} channel(s) and the unlabelled ones "
+            f"{image.shape[1]}; mixing needs the same (read both in the model's image mode)"
+        )
+    if source.is_floating_point():  # a Dataset's float images in [0, 1], as the models take them
+        source = (source.float() * 255).round().clamp(0, 255).to(torch.uint8)
+    image, labels = image.clone(), labels.clone()
     for b, (h, w) in enumerate(sizes):
         j = b % source.shape[0]
         hh, ww = min(h, extents[j][0]), min(w, extents[j][1])
@@ -140,6 +148,8 @@ class SelfTraining:
     ):
         self.stream, self.weight, self.confidence, self.balance = stream, float(weight), float(confidence), balance
         self.mix, self.labelled = mix, None
+        self.teacher_pixels: int | None = None  # the largest unlabelled part tried since one ran out of memory
+        self.student_pixels: int | None = None
         self.start_epoch, self.ignore_index, self.seed = int(start_epoch), ignore_index, seed
         self.augment = None
         if augment:
@@ -158,10 +168,11 @@ class SelfTraining:
         """Whether the 0-based ``epoch`` learns from the unlabelled scans."""
         return epoch + 1 >= self.start_epoch
 
-    def remember(self, image: torch.Tensor, mask: torch.Tensor, sizes: torch.Tensor) -> None:
-        """With ``mix``: keep the update's latest labelled batch (image uint8 [L, C, H, W] and mask [L, H, W] on the
-        device, sizes [L, 2] on the host) for :func:`class_mix`; otherwise nothing is kept."""
-        if self.mix:
+    def remember(self, image: torch.Tensor, mask: torch.Tensor, sizes: torch.Tensor, epoch: int) -> None:
+        """With ``mix``, in an epoch that learns from the unlabelled scans: keep the update's latest labelled batch
+        (image [L, C, H, W] and mask [L, H, W] on the device, sizes [L, 2] on the host) for :func:`class_mix`, until
+        the update's unlabelled batch is done; otherwise nothing is kept."""
+        if self.mix and self.active(epoch):
             self.labelled = (image, mask, sizes.tolist())
 
     def start_pass(self, device: torch.device) -> None:
@@ -186,44 +197,75 @@ class SelfTraining:
 
     def backward(self, trainer) -> torch.Tensor:
         """The unlabelled loss of the stream's next batch (module docstring), its gradients times ``weight`` added
-        to ``trainer``'s (DDP's no_sync: the update's one all-reduce follows); returns the loss, detached."""
+        to ``trainer``'s (DDP's no_sync: the update's one all-reduce follows); returns the loss, detached. One batch
+        an update on every rank, whatever happens to it, so that the ranks' stream positions stay alike."""
+        labelled, self.labelled = self.labelled, None
         batch = self.stream.next()
         device = trainer.device
+        nothing = torch.zeros((), device=device)
+        self.pending = torch.zeros(4, dtype=torch.float64, device=device)  # what a batch that teaches nothing adds
+        if batch is None:  # not one of its scans decodes (named by the stream): no unlabelled loss this update
+            return nothing
         image = batch.image.to(device, non_blocking=True)
         sizes = batch.sizes.to(device, non_blocking=True)
         if trainer.settings.channels_last:
             image = image.contiguous(memory_format=torch.channels_last)
         guess = self.teach(trainer, image, sizes, batch.name)
-        real = sizes.prod(1).sum()
         if guess is None:  # a scan the teacher cannot hold alone: no unlabelled loss in this update
-            self.pending = torch.stack([torch.zeros((), dtype=torch.float64, device=device)] * 3 + [real.double()])
-            return torch.zeros((), device=device)
+            return nothing
         k = trainer.num_classes
         labels, confident = confident_labels(*guess, sizes, k, self.confidence, self.ignore_index, self.balance)
+        confident, real = confident.sum().double(), sizes.prod(1).sum().double()
         del guess
-        if self.mix and self.labelled is not None:
-            image, labels = class_mix(image, labels, batch.sizes.tolist(), self.labelled, self.ignore_index)
-        self.labelled = None
+        if labelled is not None:
+            image, labels = class_mix(image, labels, batch.sizes.tolist(), labelled, self.ignore_index)
+        del labelled
         image, labels = self.student_view(image, labels, batch.sizes.tolist())  # the host's copy: no sync
-        kept = labels != self.ignore_index
-        ids = labels.masked_fill(~kept, 0).flatten()
-        counts = torch.zeros(k, device=device).index_add(0, ids, kept.flatten().float())  # the whole batch's
-        totals = (kept.sum(), counts)
-        loss, parts = torch.zeros((), device=device), [(0, image.shape[0])]
+        totals = self.totals(labels, k)
+        loss, taught = nothing, 0
+        parts = parts_of(image.shape[0], self.fitting(self.student_pixels, image.shape, trainer))
         while parts:
             lo, hi = parts.pop(0)
             part = (image[lo:hi], labels[lo:hi], sizes[lo:hi])
             done = backward_or_none(trainer.params, lambda: self.student_step(trainer, part, totals), device)
+            if done is None:
+                self.student_pixels = self.lowered(self.student_pixels, (hi - lo) // 2, image.shape)
             if done is None and hi - lo > 1:
                 parts[:0] = halves(lo, hi)
             elif done is None:
                 print(f"srforge: out of memory: the unlabelled scan {batch.name[lo]} alone does not fit the student's "
                       f"step at step {trainer.step}; left out of this update")  # fmt: skip
             else:
-                loss = loss + done
-        self.pending = torch.stack([loss.double(), torch.ones_like(real).double(),
-                                    confident.sum().double(), real.double()])  # fmt: skip
+                loss, taught = loss + done, taught + 1
+        if taught:
+            self.pending = torch.stack([loss.double(), torch.ones_like(real), confident, real])
         return loss
+
+    def totals(self, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The batch's labelled pixels: (all, int64; with ``balance`` per class, float64 [K], else None), which each
+        part's loss is divided by, so that the parts' losses add up to the batch's."""
+        kept = labels != self.ignore_index
+        if not self.balance:
+            return kept.sum(), None
+        ids = labels.masked_fill(~kept, 0).flatten()
+        counts = torch.zeros(k, dtype=torch.float64, device=labels.device).index_add(0, ids, kept.flatten().double())
+        return kept.sum(), counts
+
+    @staticmethod
+    def fitting(pixels: int | None, shape: torch.Size, trainer) -> int:
+        """Scans of a batch ``shape`` [B, C, Hp, Wp] a first part may hold: all, unless this run has run out of
+        memory on the unlabelled scans (``pixels``: the largest part tried since) or lowered its pixel budget."""
+        budget = getattr(getattr(trainer, "budget", None), "pixels", None)
+        limits = [p for p in (pixels, budget) if p is not None]
+        if not limits:
+            return shape[0]
+        return max(1, min(shape[0], min(limits) // (shape[-2] * shape[-1])))
+
+    @staticmethod
+    def lowered(pixels: int | None, scans: int, shape: torch.Size) -> int:
+        """After a part ran out of memory: the pixels of ``scans`` (at least 1) of ``shape``, when fewer."""
+        tried = max(1, scans) * shape[-2] * shape[-1]
+        return tried if pixels is None else min(pixels, tried)
 
     def teach(self, trainer, image: torch.Tensor, sizes: torch.Tensor, names) -> tuple | None:
         """The teacher's guess (:func:`teacher_guess`) of the padded batch, part by part when a part runs out of
@@ -235,25 +277,36 @@ class SelfTraining:
                 "(or give the Trainer an EMAHook)."
             )
         teacher.eval()
-        guesses, parts = [], [(0, image.shape[0])]
+        guesses = []
+        parts = parts_of(image.shape[0], self.fitting(self.teacher_pixels, image.shape, trainer))
         while parts:
             lo, hi = parts.pop(0)
-            try:
-                with torch.no_grad(), autocast(trainer.device, trainer.settings.precision):
-                    guesses.append(teacher_guess(teacher(image[lo:hi], sizes[lo:hi].clone())))
-            except RuntimeError as error:
-                if not is_out_of_memory(error):
-                    raise
-                if trainer.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                if hi - lo == 1:
-                    print(f"srforge: out of memory: the unlabelled scan {names[lo]} alone does not fit the teacher at "
-                          f"step {trainer.step}; this update goes without its unlabelled batch")  # fmt: skip
-                    return None
-                parts[:0] = halves(lo, hi)
+            guess = self.guess_or_none(teacher, image[lo:hi], sizes[lo:hi], trainer)
+            if guess is not None:
+                guesses.append(guess)
+                continue
+            if trainer.device.type == "cuda":
+                torch.cuda.empty_cache()  # after the except: the failed forward's blocks are free by now
+            self.teacher_pixels = self.lowered(self.teacher_pixels, (hi - lo) // 2, image.shape)
+            if hi - lo == 1:
+                print(f"srforge: out of memory: the unlabelled scan {names[lo]} alone does not fit the teacher at "
+                      f"step {trainer.step}; this update goes without its unlabelled batch")  # fmt: skip
+                return None
+            parts[:0] = halves(lo, hi)
         if len(guesses) == 1:
             return guesses[0]
         return torch.cat([g[0] for g in guesses]), torch.cat([g[1] for g in guesses])
+
+    @staticmethod
+    def guess_or_none(teacher, image: torch.Tensor, sizes: torch.Tensor, trainer) -> tuple | None:
+        """:func:`teacher_guess` of the teacher's logits for ``image`` [b, C, H, W], or None out of memory."""
+        try:
+            with torch.no_grad(), autocast(trainer.device, trainer.settings.precision):
+                return teacher_guess(teacher(image, sizes.clone()))
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            return None
 
     def student_step(self, trainer, part: tuple, totals: tuple) -> torch.Tensor:
         """Forward, loss (a share of the batch's: ``totals`` are its labelled pixels, all and per class) and backward
@@ -281,11 +334,13 @@ class SelfTraining:
         kept = labels != self.ignore_index
         k = logits.shape[1]
         ids = labels.masked_fill(~kept, 0).flatten()
-        sums = torch.zeros(k, device=logits.device).index_add(0, ids, (each * kept).flatten())
+        # float64 sums: float32 ones stop counting at 2^24 pixels of a class, which a GPU batch's background passes
+        zeros = torch.zeros(k, dtype=torch.float64, device=logits.device)
+        sums = zeros.index_add(0, ids, (each * kept).flatten().double())
         if counts is None:
-            counts = torch.zeros(k, device=logits.device).index_add(0, ids, kept.flatten().float())
+            counts = zeros.index_add(0, ids, kept.flatten().double())
         present = counts > 0
-        return (sums / counts.clamp_min(1) * present).sum() / present.sum().clamp_min(1)
+        return ((sums / counts.clamp_min(1) * present).sum() / present.sum().clamp_min(1)).float()
 
     def commit(self, stepped: bool) -> None:
         """The update is done: its batch too (the stream's checkpointed position moves past it); its numbers count

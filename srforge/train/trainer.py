@@ -324,7 +324,7 @@ class Trainer:
         tensors = self.to_device(batch)
         image, mask, sizes = tensors[:3]
         if self.self_training is not None:
-            self.self_training.remember(image, mask, batch.sizes)  # train.self_training.mix pastes its curves
+            self.self_training.remember(image, mask, batch.sizes, self.epoch)  # train.self_training.mix pastes them
         names = batch.name if isinstance(batch.name, list) else [batch.name]
         parts = parts_of(image.shape[0], self.budget.scans_per_part(image.shape))
         weighted = self.settings.accumulate > 1 or len(parts) > 1
