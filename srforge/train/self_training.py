@@ -24,10 +24,13 @@ A teacher that is rarely sure of a thin class (curves: a few per cent of the pix
 background at a global threshold, and the student then learns to miss curves: ``balance`` is for that.
 
 A part of the batch that runs out of memory, in the teacher or the student, is redone in halves, as the labelled
-batches are; the student's halves are each normalised by the whole batch's labelled pixels, so that their sum is the
-batch's loss. A scan the teacher cannot hold alone skips the update's unlabelled batch; one the student cannot hold
-alone is left out of it (each said on the console). The stream's batches stay cut by the budget the run started
-with.
+batches are, and later batches start in parts no larger than the last that was tried; the student's halves are each
+normalised by the whole batch's labelled pixels, so that their sum is the batch's loss. A scan the teacher cannot
+hold alone skips the update's unlabelled batch; one the student cannot hold alone is left out of it (its pixels
+still in the normaliser, so that loss is a little smaller), each said on the console. A batch none of whose scans
+decodes teaches nothing either. Every update takes exactly one batch on every rank, so that the ranks' positions in
+their streams (the checkpoint keeps rank 0's) stay alike. The stream's batches stay cut by the budget the run
+started with.
 
 It starts at ``start_epoch`` (1-based), so that the teacher has learned something from the labelled scans first.
 The update's row sums (loss, batches, confident pixels, real pixels) become the metrics row's ``unlabelled_loss``
