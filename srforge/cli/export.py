@@ -131,7 +131,7 @@ def main_export(argv=None) -> int:
     """Export a trained srforge checkpoint to ONNX (dynamic batch, H, W) and check it against PyTorch; with
     --quantize int8, a static int8 model calibrated on the user's scans."""
     from srforge.export.onnx import export_onnx, require, takes_sizes
-    from srforge.export.quantize import CalibrationError, calibration_archive
+    from srforge.export.quantize import calibration_archive
     from srforge.extras import MissingExtraError
 
     parser = _parser()
@@ -145,7 +145,7 @@ def main_export(argv=None) -> int:
         require("onnx", "onnxscript", *(["onnxruntime"] if args.quantize else []))
         if args.quantize:
             calibration_archive(args.calibrate).close()  # before the export: a bad folder costs no minute
-    except (MissingExtraError, FileNotFoundError, ValueError, CalibrationError) as exc:
+    except (MissingExtraError, FileNotFoundError, ValueError) as exc:  # CalibrationError is a ValueError
         return fail(PROG, exc)
     with tempfile.TemporaryDirectory(prefix="srforge-export-") as tmp:
         target = Path(tmp) / "float32.onnx" if args.quantize else args.output

@@ -340,8 +340,8 @@ class SelfTraining:
         # float64 sums: float32 ones stop counting at 2^24 pixels of a class, which a GPU batch's background passes
         zeros = torch.zeros(k, dtype=torch.float64, device=logits.device)
         sums = zeros.index_add(0, ids, (each * kept).flatten().double())
-        if counts is None:
-            counts = zeros.index_add(0, ids, kept.flatten().double())
+        if counts is None:  # the labels alone: their own counts, as totals() gives a whole batch's
+            counts = self.totals(labels, k)[1]
         present = counts > 0
         return ((sums / counts.clamp_min(1) * present).sum() / present.sum().clamp_min(1)).float()
 
