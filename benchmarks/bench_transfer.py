@@ -175,6 +175,8 @@ SELF_TRAINING = {"weight": 1.0, "confidence": 0.9,
 EMA = 0.99
 SKELETON_WEIGHT = 1.0
 UNLABELLED_SEEDS = {"dev": 2001, "test_same_well": 2002, "test_other_well": 2003}
+# UNet(ink=True): each scan as its darkness against its own paper, in its darkest channel (srforge.models.ink).
+INK = "model.args.ink=true"
 
 
 def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:
@@ -217,6 +219,11 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
         [*learning_from(unlabelled["other seed"], mix=True), skeleton])  # fmt: skip
     add("+ ClassMix class-balanced self-training and skeleton loss (other renderer scans)",
         [*learning_from(unlabelled["other seed"], mix=True, balance=True), skeleton])  # fmt: skip
+    add("+ ink input", [INK])
+    add("+ ink input and skeleton loss", [INK, skeleton])
+    for kind, where in (("other seed", "other renderer scans"), ("test images", "the test scans' images")):
+        add(f"+ ink input, class-balanced self-training and skeleton loss ({where})",
+            [INK, *learning_from(unlabelled[kind], balance=True), skeleton])  # fmt: skip
     return rows
 
 
@@ -245,6 +252,8 @@ def variants(las_train: Path, unlabelled: dict[str, list[Path]] | None = None, e
                 adapted = adaptation_variants(overrides, unlabelled, epochs)
     rows += adapted
     rows.append({"name": "the renderer's own scans (48)", "kind": "renderer", "overrides": [], "missing": ""})
+    rows.append({"name": "the renderer's own scans (48), ink input", "kind": "renderer", "overrides": [INK],
+                 "missing": ""})  # fmt: skip
     rows.append({"name": "threshold (best global darkness, chosen on each set)", "kind": "threshold",
                  "overrides": [], "missing": ""})  # fmt: skip
     return rows
@@ -284,9 +293,8 @@ def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_tr
     words = (word.strip(",()+'").replace("'", "") for word in variant["name"].split()[:14])
     slug = "_".join(word for word in words if word)
     key = f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}_e{setting.epochs}_d{setting.depth}"
-    run_dir = (
-        work / "runs" / (f"{slug}_{key}" if variant["kind"] == "srforge" else f"renderer_{renderer_version()}_{key}")
-    )
+    renderer = f"renderer_{renderer_version()}{'_ink' if INK in variant['overrides'] else ''}_{key}"
+    run_dir = work / "runs" / (f"{slug}_{key}" if variant["kind"] == "srforge" else renderer)
     done = run_dir / "bench_transfer_seconds.json"
     if reuse and variant["kind"] == "renderer" and done.is_file() and (run_dir / "best.pt").is_file():
         return run_dir / "best.pt", json.loads(done.read_text())["seconds"]
@@ -296,7 +304,7 @@ def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_tr
         shutil.rmtree(data, ignore_errors=True)  # the generator may have changed since an earlier run
         overrides += [f"data.synthetic.root={data}", f"data.dataset.args.root={data}", *variant["overrides"]]
     else:
-        overrides += ["data.synthetic.root=null", f"data.dataset.args.root={own_train}"]
+        overrides += ["data.synthetic.root=null", f"data.dataset.args.root={own_train}", *variant["overrides"]]
     cfg = load_config(CONFIG, overrides)
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -9,6 +9,7 @@ from torch.utils.checkpoint import checkpoint
 from srforge.constants import MAX_DEPTH
 from srforge.geometry import level_mask, round_up
 from srforge.models.group_norm import GroupNorm2d
+from srforge.models.ink import ink_image
 
 
 def _check_input(image: torch.Tensor, in_channels: int, divisor: int) -> None:
@@ -134,7 +135,9 @@ class UNet(nn.Module):
     Input normalisation lives in the model, so loaders ship uint8 and prediction needs no preprocessing:
     uint8 images become x / 255, float images are taken as already in [0, 1]; then (x - mean) / std with the
     ``mean`` and ``std`` buffers ([1, C, 1, 1], saved in the state_dict; ImageNet values for 3 channels,
-    0.5 / 0.25 otherwise).
+    0.5 / 0.25 otherwise). ``ink=True`` first maps each scan to its darkness against its own paper, in its darkest
+    channel (srforge.models.ink, over the valid pixels only): for scans of ink on paper whose paper tint and ink
+    colours vary, where it carries a model trained on one kind of scan over to others (docs/performance.md).
 
     forward(image [B, C, Hp, Wp] uint8 | float, sizes [B, 2] int64 true (H, W) | None) -> logits [B, K, Hp, Wp].
 
@@ -156,7 +159,7 @@ class UNet(nn.Module):
     sizes vary from batch to batch (the README's performance section has the compile times).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (checkpointing and ink keyword-only, as test_structure allows a public class)
         self,
         in_channels: int = 3,
         num_classes: int = 2,
@@ -167,7 +170,9 @@ class UNet(nn.Module):
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         padding_aware: bool = True,
+        *,
         checkpointing: bool = False,
+        ink: bool = False,
     ):
         super().__init__()
         if not 1 <= depth <= MAX_DEPTH:  # before any layer is allocated
@@ -179,6 +184,7 @@ class UNet(nn.Module):
         self.size_divisor = 2**depth
         self.padding_aware = padding_aware
         self.checkpointing = checkpointing
+        self.ink = bool(ink)
         imagenet = in_channels == 3
         mean = mean if mean is not None else ((0.485, 0.456, 0.406) if imagenet else (0.5,) * in_channels)
         std = std if std is not None else ((0.229, 0.224, 0.225) if imagenet else (0.25,) * in_channels)
@@ -195,8 +201,11 @@ class UNet(nn.Module):
         self.up = nn.ModuleList(UpBlock(widths[i + 1], widths[i], activation) for i in reversed(range(depth)))
         self.head = nn.Conv2d(widths[0], num_classes, 1)
 
-    def normalize(self, image: torch.Tensor) -> torch.Tensor:
-        """[B, C, H, W] uint8 (0..255) or float (0..1) -> float (x - mean) / std in the buffers' dtype."""
+    def normalize(self, image: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, C, H, W] uint8 (0..255) or float (0..1) -> float (x - mean) / std in the buffers' dtype; with
+        ``ink``, x is the scan's ink image (srforge.models.ink) over ``mask``'s valid pixels ([B, 1, H, W] | None)."""
+        if self.ink:
+            image = ink_image(image, mask)
         return normalize_image(image, self.mean, self.std, "UNet")
 
     def forward(self, image: torch.Tensor, sizes: torch.Tensor | None = None) -> torch.Tensor:
@@ -221,7 +230,7 @@ class UNet(nn.Module):
     def first_level(self, image: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """image [B, C, H, W] -> the stem's output [B, base_channels, H, W]: normalised, padding zeroed, stem. One
         block, so that under checkpointing the level keeps the (uint8) image, not its float normalisation."""
-        x = self.normalize(image)
+        x = self.normalize(image, mask)
         if mask is not None:
             x = x.mul_(mask.to(x.dtype))
         return self.stem(x, mask)
