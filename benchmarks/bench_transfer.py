@@ -16,6 +16,9 @@ The randomised own-curves generator is also trained with what learns from the ta
 drawn with other seeds over the dev and test sets' depths (never the test scans), and, as the archive case, on the
 dev and test scans' own images; the thin-structure loss (``train.skeleton_weight``); and both, with class-balanced
 self-training and with ClassMix (``mix``: the update's labelled curves pasted into the student's unlabelled view).
+With ``model.args.ink`` (srforge.models.ink: each scan as its darkness against its own paper, in its darkest
+channel) the generator's model is trained alone, with the skeleton loss, and with class-balanced self-training
+and the skeleton loss; the renderer's own model is trained with it too, the fair baseline for those rows.
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
 (TOTEM #9) and 6038187_v1.2.las (Scorpio E1). TOTEM #9's first 60% of depths are written as a LAS file of their

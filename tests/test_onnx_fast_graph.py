@@ -7,7 +7,13 @@ import torch
 from torch import nn
 
 from srforge import UNet
-from srforge.export.fast_graph import RectangleGroupNorm, SplitUpBlock, export_copy, rectangle_group_norm
+from srforge.export.fast_graph import (
+    RectangleGroupNorm,
+    SplitUpBlock,
+    clears_far_below_zero,
+    export_copy,
+    rectangle_group_norm,
+)
 from srforge.geometry import level_mask
 from srforge.models.group_norm import GroupNorm2d, masked_group_norm
 from srforge.models.norms import MaskedNorm, NormContext
@@ -73,3 +79,45 @@ def test_a_masked_norm_keeps_its_context_and_other_models_are_exported_as_they_a
     assert (twin[0](x) - norm(x)).abs().max() <= 1e-5
     plain = nn.Sequential(nn.Conv2d(3, 8, 3), GroupNorm2d(8))  # no UNet: its mask could be any shape
     assert export_copy(plain) == (plain, 0)
+
+
+@pytest.mark.parametrize("offset, scale", [(0.0, 1.0), (40.0, 0.5)])
+def test_below_zero_leaves_the_valid_values_and_a_relu_clears_the_padding(offset, scale):
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 12, 24, 40, generator=generator) * scale + offset
+    mask = level_mask(SIZES, 24, 40)
+    weight = torch.randn(12, generator=generator)  # both signs: the push follows each weight's sign
+    bias = torch.randn(12, generator=generator) + 2.0  # mostly positive: a bias left on the padding would show
+    plain = rectangle_group_norm(x, mask, 3, weight, bias, 1e-5)
+    pushed = rectangle_group_norm(x, mask, 3, weight, bias, 1e-5, below_zero=True)
+    valid = mask.expand_as(x) == 1
+    assert torch.equal(pushed[valid], plain[valid])  # the same arithmetic on valid pixels, bit for bit
+    rows = mask[:, :, :, :1].expand_as(x) == 0
+    assert not pushed[rows].any()  # padded rows: 0 from the per-row affine
+    assert (pushed[~valid & ~rows] < -1e6).all()  # padded columns: far below zero
+    assert torch.equal(torch.relu(pushed), torch.relu(plain))
+
+
+def test_below_zero_needs_a_clearing_activation_and_non_zero_weights():
+    assert clears_far_below_zero(torch.nn.ReLU()) and clears_far_below_zero(torch.nn.GELU())
+    assert not clears_far_below_zero(torch.nn.LeakyReLU()) and not clears_far_below_zero(torch.nn.Tanh())
+    norm = GroupNorm2d(8)
+    assert RectangleGroupNorm(norm, below_zero=True).below_zero
+    with torch.no_grad():
+        norm.weight[3] = 0.0  # that channel's output is its bias everywhere: only the mask can clear the padding
+    assert not RectangleGroupNorm(norm, below_zero=True).below_zero
+
+
+@pytest.mark.parametrize("activation, pushed", [(torch.nn.ReLU, True), (torch.nn.LeakyReLU, False)])
+def test_export_copy_pushes_the_padding_only_before_an_activation_that_clears_it(activation, pushed):
+    torch.manual_seed(0)
+    model = UNet(num_classes=3, base_channels=4, depth=2, activation=activation).eval()
+    twin, _ = export_copy(model)
+    norms = [m for m in twin.modules() if isinstance(m, RectangleGroupNorm)]
+    assert norms and all(m.below_zero == pushed for m in norms)
+    image = torch.randint(0, 256, (3, 3, 24, 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    sizes = torch.tensor([[24, 40], [17, 9], [5, 33]])
+    with torch.no_grad():
+        want, got = model(image, sizes), twin(image, sizes)
+    for i, (h, w) in enumerate(sizes.tolist()):
+        assert (got[i, :, :h, :w] - want[i, :, :h, :w]).abs().max() <= 1e-4
