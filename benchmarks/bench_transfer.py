@@ -293,7 +293,7 @@ def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_tr
     """Train ``variant`` for ``seed``; (its best.pt, seconds of training, generation included). srforge's data
     is generated afresh; with ``reuse``, a model trained on the renderer's scans by an earlier run of the same
     renderer, setting and seed is kept (its seconds are that run's)."""
-    words = (word.strip(",()+'").replace("'", "") for word in variant["name"].split()[:14])
+    words = (word.strip(",()+'").replace("'", "") for word in variant["name"].split())
     slug = "_".join(word for word in words if word)
     key = f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}_e{setting.epochs}_d{setting.depth}"
     renderer = f"renderer_{renderer_version()}{'_ink' if INK in variant['overrides'] else ''}_{key}"

@@ -81,3 +81,32 @@ def test_model_args_ink_builds_an_ink_unet_that_its_checkpoint_rebuilds(tmp_path
     path = save_checkpoint({"model": model.state_dict(), "model_args": kwargs, "size_divisor": model.size_divisor,
                             "class_names": ["bg", "curve"], "ignore_index": 255, "config": {}}, tmp_path / "ink.pt")
     assert model_from_checkpoint(load_checkpoint(path), path).ink
+
+
+@pytest.mark.slow
+def test_an_ink_unet_exports_to_onnx_with_the_same_logits(tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import onnxruntime
+
+    from srforge.export.onnx import export_onnx
+
+    torch.manual_seed(0)
+    model = UNet(base_channels=4, depth=2, ink=True).eval()
+    path = export_onnx(model, tmp_path / "ink.onnx", class_names=["bg", "curve"])
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    image = torch.randint(0, 256, (2, 3, 16, 24), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    image[1, :, 9:] = 255  # padding brighter than the scan: it would move the paper's colour if it were seen
+    image[1, :, :, 13:] = 255
+    sizes = torch.tensor([[16, 24], [9, 13]])
+    names = [i.name for i in session.get_inputs()]
+    got = torch.from_numpy(session.run(None, dict(zip(names, (image.numpy(), sizes.numpy()))))[0])
+    with torch.no_grad():
+        want = model(image, sizes)
+    assert (got[0] - want[0]).abs().max() <= 1e-4
+    assert (got[1, :, :9, :13] - want[1, :, :9, :13]).abs().max() <= 1e-4
+
+
+def test_an_integer_image_that_is_not_uint8_is_refused_by_name():
+    with pytest.raises(TypeError, match="uint8 .* or float .* got torch.int16"):
+        ink_image(torch.zeros(1, 3, 4, 4, dtype=torch.int16))
