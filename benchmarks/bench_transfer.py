@@ -17,8 +17,9 @@ drawn with other seeds over the dev and test sets' depths (never the test scans)
 dev and test scans' own images; the thin-structure loss (``train.skeleton_weight``); and both, with class-balanced
 self-training and with ClassMix (``mix``: the update's labelled curves pasted into the student's unlabelled view).
 With ``model.args.ink`` (srforge.models.ink: each scan as its darkness against its own paper, in its darkest
-channel) the generator's model is trained alone, with the skeleton loss, and with class-balanced self-training
-and the skeleton loss; the renderer's own model is trained with it too, the fair baseline for those rows.
+channel) the generator's model is trained alone, with the skeleton loss, with plain and class-balanced
+self-training, and with class-balanced self-training and the skeleton loss; the renderer's own model is trained
+with it too, the fair baseline for those rows.
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
 (TOTEM #9) and 6038187_v1.2.las (Scorpio E1). TOTEM #9's first 60% of depths are written as a LAS file of their
@@ -224,6 +225,10 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
         [*learning_from(unlabelled["other seed"], mix=True, balance=True), skeleton])  # fmt: skip
     add("+ ink input", [INK])
     add("+ ink input and skeleton loss", [INK, skeleton])
+    for kind, where in (("other seed", "other renderer scans"), ("test images", "the test scans' images")):
+        add(f"+ ink input and self-training on {where}", [INK, *learning_from(unlabelled[kind])])
+    add("+ ink input and class-balanced self-training on other renderer scans",
+        [INK, *learning_from(unlabelled["other seed"], balance=True)])  # fmt: skip
     for kind, where in (("other seed", "other renderer scans"), ("test images", "the test scans' images")):
         add(f"+ ink input, class-balanced self-training and skeleton loss ({where})",
             [INK, *learning_from(unlabelled[kind], balance=True), skeleton])  # fmt: skip
