@@ -110,3 +110,15 @@ def test_an_ink_unet_exports_to_onnx_with_the_same_logits(tmp_path):
 def test_an_integer_image_that_is_not_uint8_is_refused_by_name():
     with pytest.raises(TypeError, match="uint8 .* or float .* got torch.int16"):
         ink_image(torch.zeros(1, 3, 4, 4, dtype=torch.int16))
+
+
+@pytest.mark.slow  # about 17 s of tracing on 2 cores
+def test_an_ink_unet_compiles_to_one_graph_for_varying_sizes():
+    torch.manual_seed(0)
+    model = UNet(base_channels=4, depth=2, ink=True).eval()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")  # a graph break raises
+    generator = torch.Generator().manual_seed(4)
+    for shape, sizes in (((2, 3, 16, 24), [[16, 24], [9, 13]]), ((1, 3, 8, 32), [[7, 30]])):
+        image = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
+        with torch.no_grad():
+            assert torch.equal(compiled(image, torch.tensor(sizes)), model(image, torch.tensor(sizes)))
