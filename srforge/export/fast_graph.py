@@ -80,7 +80,8 @@ def rectangle_group_norm(  # noqa: PLR0913 (F.group_norm's arguments, the mask, 
     rectangle; weight, bias [C] or None. Returns [B, C, H, W]: masked_group_norm's values on the valid pixels; on
     padding 0 (all 0 for a scan without valid pixels), or, with ``below_zero``, 0 on padded rows and at most
     -PUSH / 2 * |scale| on padded columns, so that a following ReLU makes them 0 (:func:`clears_far_below_zero`).
-    ``below_zero`` needs every weight non-zero (a channel of weight 0 would leave its bias on the padding).
+    ``below_zero`` needs an affine the push dominates (:func:`pushable`: no weight 0, whose channel would leave its
+    bias on the padding).
     """
     b, c, h, w = x.shape
     rows, columns = mask[:, :, :, :1], mask[:, :, :1, :]  # [B, 1, H, 1], [B, 1, 1, W]
