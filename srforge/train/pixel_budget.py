@@ -40,6 +40,7 @@ from srforge.runtime.device_memory import (
 from srforge.runtime.distributed import Processes
 from srforge.train.from_config import Data, set_checkpointing
 from srforge.train.losses import segmentation_loss
+from srforge.train.update import scans_within
 
 # A resumed run keeps the pixel budgets its checkpoint records unless the budget it resolves now is smaller by more
 # than this share: data.max_pixels: auto measures free memory, which varies a little from start to start, and the
@@ -70,9 +71,7 @@ class PixelBudget:
 
     def scans_per_part(self, shape: torch.Size) -> int:
         """How many scans of a batch ``shape`` [B, C, Hp, Wp] one part may hold: all of them without a bound."""
-        if self.pixels is None:
-            return shape[0]
-        return max(1, min(shape[0], self.pixels // (shape[-2] * shape[-1])))
+        return scans_within(self.pixels, shape)
 
     def lower(self, proposal: float) -> None:
         """Lower the budget to ``proposal`` (pixels; infinite: no proposal) when it is a lower one."""

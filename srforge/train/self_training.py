@@ -53,7 +53,7 @@ from srforge.geometry import valid_mask
 from srforge.runtime import distributed
 from srforge.runtime.device import autocast
 from srforge.runtime.device_memory import is_out_of_memory
-from srforge.train.update import backward_or_none, halves, no_sync, parts_of
+from srforge.train.update import backward_or_none, halves, no_sync, parts_of, scans_within
 
 
 def teacher_guess(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -260,9 +260,7 @@ class SelfTraining:
         memory on the unlabelled scans (``pixels``: the largest part tried since) or lowered its pixel budget."""
         budget = getattr(getattr(trainer, "budget", None), "pixels", None)
         limits = [p for p in (pixels, budget) if p is not None]
-        if not limits:
-            return shape[0]
-        return max(1, min(shape[0], min(limits) // (shape[-2] * shape[-1])))
+        return scans_within(min(limits) if limits else None, shape)
 
     @staticmethod
     def lowered(pixels: int | None, scans: int, shape: torch.Size) -> int:

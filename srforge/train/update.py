@@ -97,6 +97,14 @@ def parts_of(count: int, per_part: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + per_part, count)) for lo in range(0, count, per_part)]
 
 
+def scans_within(pixels: int | None, shape: torch.Size) -> int:
+    """How many scans of a batch ``shape`` [B, C, Hp, Wp] ``pixels`` padded pixels hold: at least 1, at most B; all
+    of them without a bound (None)."""
+    if pixels is None:
+        return shape[0]
+    return max(1, min(shape[0], pixels // (shape[-2] * shape[-1])))
+
+
 def halves(lo: int, hi: int) -> list[tuple[int, int]]:
     return [(lo, (lo + hi) // 2), ((lo + hi) // 2, hi)]
 
