@@ -53,7 +53,7 @@ from srforge.geometry import valid_mask
 from srforge.runtime import distributed
 from srforge.runtime.device import autocast
 from srforge.runtime.device_memory import is_out_of_memory
-from srforge.train.update import backward_or_none, halves, no_sync, parts_of, scans_within
+from srforge.train.update import backward_or_none, each_part, no_sync, parts_of, scans_within
 
 
 def teacher_guess(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,20 +226,20 @@ class SelfTraining:
         image, labels = self.student_view(image, labels, batch.sizes.tolist())  # the host's copy: no sync
         totals = self.totals(labels, k)
         loss, taught = nothing, 0
-        parts = parts_of(image.shape[0], self.fitting(self.student_pixels, image.shape, trainer))
-        while parts:
-            lo, hi = parts.pop(0)
+
+        def attempt(lo: int, hi: int):
             part = (image[lo:hi], labels[lo:hi], sizes[lo:hi])
-            done = backward_or_none(trainer.params, lambda: self.student_step(trainer, part, totals), device)
-            if done is None:
-                self.student_pixels = self.lowered(self.student_pixels, (hi - lo) // 2, image.shape)
-            if done is None and hi - lo > 1:
-                parts[:0] = halves(lo, hi)
-            elif done is None:
+            return backward_or_none(trainer.params, lambda: self.student_step(trainer, part, totals), device)
+
+        parts = parts_of(image.shape[0], self.fitting(self.student_pixels, image.shape, trainer))
+        for lo, hi, done in each_part(parts, attempt):
+            if done is not None:
+                loss, taught = loss + done, taught + 1
+                continue
+            self.student_pixels = self.lowered(self.student_pixels, (hi - lo) // 2, image.shape)
+            if hi - lo == 1:
                 print(f"srforge: out of memory: the unlabelled scan {batch.name[lo]} alone does not fit the student's "
                       f"step at step {trainer.step}; left out of this update")  # fmt: skip
-            else:
-                loss, taught = loss + done, taught + 1
         if taught:
             self.pending = torch.stack([loss.double(), torch.ones_like(real), confident, real])
         return loss
@@ -280,9 +280,11 @@ class SelfTraining:
         teacher.eval()
         guesses = []
         parts = parts_of(image.shape[0], self.fitting(self.teacher_pixels, image.shape, trainer))
-        while parts:
-            lo, hi = parts.pop(0)
-            guess = self.guess_or_none(teacher, image[lo:hi], sizes[lo:hi], trainer)
+
+        def guess_part(lo: int, hi: int):
+            return self.guess_or_none(teacher, image[lo:hi], sizes[lo:hi], trainer)
+
+        for lo, hi, guess in each_part(parts, guess_part):
             if guess is not None:
                 guesses.append(guess)
                 continue
@@ -293,7 +295,6 @@ class SelfTraining:
                 print(f"srforge: out of memory: the unlabelled scan {names[lo]} alone does not fit the teacher at "
                       f"step {trainer.step}; this update goes without its unlabelled batch")  # fmt: skip
                 return None
-            parts[:0] = halves(lo, hi)
         if len(guesses) == 1:
             return guesses[0]
         return torch.cat([g[0] for g in guesses]), torch.cat([g[1] for g in guesses])

@@ -56,7 +56,7 @@ from srforge.train.update import (
     Update,
     average_gradients,
     backward_or_none,
-    halves,
+    each_part,
     no_sync,
     parts_of,
     read_update,
@@ -345,23 +345,25 @@ class Trainer:
         index of a scan that failed alone or None, the pixels of the first part that failed or None, the largest
         part that fit after it)."""
         losses, failed_at, largest_fit, pixels = [], None, 0, batch[0][0, 0].numel()
-        while parts:
-            lo, hi = parts.pop(0)
+
+        def attempt(lo: int, hi: int):  # reads ``weighted`` as it is at the try: parts after a failure are weighted
             part = tuple(t[lo:hi] for t in batch)
-            done = backward_or_none(self.params, lambda: self.part_step(part, weighted, update), self.device)
+            return backward_or_none(self.params, lambda: self.part_step(part, weighted, update), self.device)
+
+        for lo, hi, done in each_part(parts, attempt):
             if done is None:
                 failed_at = failed_at or (hi - lo) * pixels
                 if hi - lo == 1:
                     return losses, weighted, lo, failed_at, largest_fit
                 if not weighted:
                     weighted, losses = True, []
-                parts[:0] = halves(lo, hi)
                 continue
             loss, pending, logits = done
             losses.append((loss, None if pending is None else pending[0]))
             if pending is not None:  # the weighted part is in the gradients: its pixels count
                 update.weights.count(pending)
-            update.confusion += confusion_matrix(class_map(logits), part[1], self.num_classes, self.ignore_index)
+            mask = batch[1][lo:hi]
+            update.confusion += confusion_matrix(class_map(logits), mask, self.num_classes, self.ignore_index)
             del done, logits  # before the next part's forward needs the memory
             if failed_at is not None:
                 largest_fit = max(largest_fit, (hi - lo) * pixels)

@@ -2,6 +2,7 @@
 
     Update             what an update gathers: its batches' sums, names, and the loss weights' state
     parts_of           a batch cut into parts of at most the pixel budget's scans
+    each_part          the parts tried in turn, one that runs out of memory redone in halves
     PartWeights        each part's loss weighted by its share of the update's valid pixels (accumulation, parts)
     backward_or_none   one part's backward added to the gradients, or no trace of it when memory ran out
     no_sync            DDP's no_sync context (every backward of an update; one reduction at its end)
@@ -21,7 +22,7 @@ end of the update: a rank that runs out of memory redoes its batch in parts alon
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -107,6 +108,20 @@ def scans_within(pixels: int | None, shape: torch.Size) -> int:
 
 def halves(lo: int, hi: int) -> list[tuple[int, int]]:
     return [(lo, (lo + hi) // 2), ((lo + hi) // 2, hi)]
+
+
+def each_part(parts: list[tuple[int, int]], run: Callable[[int, int], object]) -> Iterator[tuple[int, int, object]]:
+    """``run(lo, hi)`` for each part in turn, yielding (lo, hi, what it returned) for every try: a part of several
+    scans for which it returned None (out of memory) is followed by its two halves, a single scan's None is the
+    caller's to handle (the caller may stop there). The caller's reaction to a None comes before the next try."""
+    queue = list(parts)
+    while queue:
+        lo, hi = queue.pop(0)
+        done = run(lo, hi)
+        if done is None and hi - lo > 1:
+            queue[:0] = halves(lo, hi)
+        yield lo, hi, done
+        del done  # not held through the next part's forward: the caller frees what it returned
 
 
 def backward_or_none(params: list[torch.Tensor], run: Callable[[], object], device: torch.device) -> object | None:
