@@ -222,8 +222,10 @@ def _print_summary(document: dict, out: Path) -> None:
             f"{PROG}: {model['name']} {model['source']}: {found['scored']} scans scored, {found['failed']} "
             f"failed; {figures}"
         )
+    from srforge.evaluate.aggregate import scored_apart
+
     both = document.get("both_scored")
-    if both and (both["a_only"] or both["b_only"]):  # each line above pools its own scans: say so, with the fair one
+    if scored_apart(both):  # each line above pools its own scans: say so, with the fair one
         a, b = both["micro_a"].get(key, float("nan")), both["micro_b"].get(key, float("nan"))
         print(
             f"{PROG}: on the {both['scans']} scans both scored (besides them A scored {both['a_only']}, B "

@@ -107,6 +107,11 @@ def both_scored(rows_a: list[dict], rows_b: list[dict], class_names) -> dict[str
     }
 
 
+def scored_apart(both: dict[str, Any] | None) -> bool:
+    """Whether two models scored different scans (``both``: :func:`both_scored`'s, or None with one model)."""
+    return bool(both) and (both["a_only"] > 0 or both["b_only"] > 0)
+
+
 def json_safe(value):
     """``value`` with every NaN float as None (JSON has no NaN), recursively."""
     if isinstance(value, float) and math.isnan(value):

@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import quote
 
 from srforge.atomic import atomic_write_text
-from srforge.evaluate.aggregate import json_safe
+from srforge.evaluate.aggregate import json_safe, scored_apart
 from srforge.evaluate.pictures import LEGEND
 from srforge.evaluate.report_assets import SCRIPT, STYLE
 from srforge.predict.report import printable
@@ -237,7 +237,7 @@ def headline_html(document: dict, table: list[dict]) -> str:
     models, tolerance = document["models"], document["options"]["tolerance"]
     both = both_of(document)
     found = [both["micro_a"], both["micro_b"]] if both else [model["results"]["micro"] for model in models]
-    scope = f"; here only the {plural(both['scans'], 'scan')} both models scored" if differ(both) else ""
+    scope = f"; here only the {plural(both['scans'], 'scan')} both models scored" if scored_apart(both) else ""
     cards = []
     for name in foreground(document["classes"]):
         for figure in ("iou", "tol_f1"):
@@ -258,11 +258,6 @@ def both_of(document: dict) -> dict | None:
     return document["both_scored"] if len(document["models"]) > 1 else None
 
 
-def differ(both: dict | None) -> bool:
-    """Whether two models scored different scans (``both``: :func:`both_of`)."""
-    return bool(both) and (both["a_only"] > 0 or both["b_only"] > 0)
-
-
 def plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -276,7 +271,7 @@ def same_scans_html(document: dict) -> str:
     """Above the headline, where A and B scored different scans: that its figures are over the scans both scored,
     and how many each scored besides ('' where they scored the same scans, or with one model)."""
     both = both_of(document)
-    if not differ(both):
+    if not scored_apart(both):
         return ""
     a, b = (model["name"] for model in document["models"])
     if both["scans"]:
@@ -298,7 +293,7 @@ def own_scans_html(document: dict) -> str:
     """Under a table of each model's own aggregate, where A and B scored different scans: which scans those are
     ('' otherwise: then they are the headline's)."""
     both = both_of(document)
-    if not differ(both):
+    if not scored_apart(both):
         return ""
     each = ", ".join(f"{m['name']} {m['results']['scored']}" for m in document["models"])
     words = f"Each model over all the scans it scored: {each} (the headline: the {both['scans']} both scored)."
