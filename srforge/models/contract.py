@@ -38,6 +38,18 @@ PROBE_MAX_PIXELS = 2**17
 _EXAMPLES = {"size_divisor": "32 (2 ** the number of stride-2 stages)", "in_channels": "3", "num_classes": "2"}
 
 
+def unit_image(image: torch.Tensor, dtype: torch.dtype, owner: str) -> torch.Tensor:
+    """[B, C, H, W] uint8 (0..255) or float (0..1), the image this contract has models take -> ``dtype`` in
+    [0, 1]; a TypeError naming ``owner`` (the model's class name) for any other dtype."""
+    if image.dtype == torch.uint8:
+        return image.to(dtype) / 255.0
+    if image.is_floating_point():
+        return image.to(dtype)
+    raise TypeError(
+        f"{owner} expects a uint8 (0..255) or float (0..1) image, got {image.dtype}; convert it to uint8 or float first"
+    )
+
+
 class ImageOnly(nn.Module):
     """A model whose forward takes the image alone, made to take ``sizes`` too (and ignore them).
 

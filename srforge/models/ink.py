@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from srforge.models.contract import unit_image
+
 PAPER_PERCENTILE = 0.9  # in tenths: paper_colour compares in integers
 LEVELS = 256  # 8-bit values: one histogram bin each
 
@@ -53,16 +55,8 @@ def ink_image(image: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Te
     (:func:`paper_colour`), the same value in every channel, so that the model's own input normalisation and
     ``in_channels`` are unchanged."""
     b, c, h, w = image.shape
-    if image.dtype == torch.uint8:
-        levels = image.long()
-        x = image.float() / 255.0
-    elif image.is_floating_point():
-        x = image.float()
-        levels = (x * 255.0).round().clamp(0, 255).long()
-    else:
-        raise TypeError(
-            f"the ink input expects a uint8 (0..255) or float (0..1) image, got {image.dtype}; convert it first"
-        )
+    x = unit_image(image, torch.float32, "the ink input")
+    levels = image.long() if image.dtype == torch.uint8 else (x * 255.0).round().clamp(0, 255).long()
     valid = torch.ones(b, 1, h * w, device=image.device) if mask is None else mask.reshape(b, 1, h * w).float()
     paper = paper_colour(levels.reshape(b, c, h * w), valid).float().clamp_min(1.0) / 255.0  # [B, C]
     darkest = (x / paper[:, :, None, None]).amin(dim=1, keepdim=True).clamp(0.0, 1.0)  # [B, 1, H, W]

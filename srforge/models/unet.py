@@ -8,6 +8,7 @@ from torch.utils.checkpoint import checkpoint
 
 from srforge.constants import MAX_DEPTH
 from srforge.geometry import level_mask, round_up
+from srforge.models.contract import unit_image
 from srforge.models.group_norm import GroupNorm2d
 from srforge.models.ink import ink_image
 
@@ -113,16 +114,7 @@ class UpBlock(nn.Module):
 def normalize_image(image: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, owner: str) -> torch.Tensor:
     """[B, C, H, W] uint8 (0..255) or float (0..1) -> float (x - mean) / std in ``mean``'s dtype; ``owner`` (the
     model's class name) is named when the image is neither."""
-    if image.dtype == torch.uint8:
-        x = image.to(mean.dtype) / 255.0
-    elif image.is_floating_point():
-        x = image.to(mean.dtype)
-    else:
-        raise TypeError(
-            f"{owner} expects a uint8 or float image, got {image.dtype}; convert it to uint8 "
-            f"(0..255) or float (0..1) first"
-        )
-    return (x - mean) / std
+    return (unit_image(image, mean.dtype, owner) - mean) / std
 
 class UNet(nn.Module):
     """UNet: ``depth`` stride-2 encoder stages, as many transposed-conv decoder stages, skip connections.
