@@ -51,6 +51,11 @@ from srforge.models.norms import MaskedNorm
 from srforge.models.unet import ConvNormAct, UNet, UpBlock
 
 STATS = torch.float64  # the [B, C, H] row sums and the [B, C] statistics, as in masked_group_norm
+# How far below the data a padded column's centred value is pushed: far beyond any activation (so that
+# scale * (x - mean - PUSH) + shift < 0 for every realistic x, scale, shift), while its square, 1e30, stays finite in
+# float32 (3.4e38): the column sums multiply it by the column's 0, and 0 * inf would be NaN. The exported graph is
+# float32; converted to float16, PUSH would overflow to inf and the statistics would be NaN.
+PUSH = 1e15
 
 
 def _valid_sum(x: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
@@ -89,51 +94,32 @@ def rectangle_group_norm(  # noqa: PLR0913 (F.group_norm's arguments, the mask, 
     mean64 = _group_mean(_valid_sum(x, rows, columns), count, num_groups)  # [B, C]
     mean = mean64.to(x.dtype)
     resid = mean64 - mean.to(STATS)  # what rounding the mean to float32 left out
-    if below_zero:
-        return _rows_and_pushed_columns(x, mean, resid, rows, columns, count, num_groups, weight, bias, eps)
-    centred = x - mean[:, :, None, None]
+    offset = mean[:, :, None, None]  # [B, C, 1, 1]
+    if below_zero:  # padded columns pushed far below zero, PUSH signed as each weight: [B, C, 1, W]
+        sign = torch.ones(c, dtype=x.dtype, device=x.device) if weight is None else torch.sign(weight).to(x.dtype)
+        offset = offset + sign.reshape(1, c, 1, 1) * (PUSH * (1.0 - columns))
+    centred = x - offset
     square = _group_mean(_valid_sum(centred * centred, rows, columns), count, num_groups)
     rstd = torch.rsqrt((square - resid * resid).clamp_min(0.0) + eps)  # [B, C]
     scale = rstd if weight is None else rstd * weight.to(STATS)
     # The output from the centred values: (x - mean) * scale + bias, with nothing left to cancel however far the
     # mean lies from 0 (x * scale + (bias - mean * scale) would lose |mean| / std of float32's digits).
     shift = -resid * scale if bias is None else bias.to(STATS) - resid * scale
-    # One affine per (scan, channel): BatchNormalization over [1, B*C, H, W] with mean 0, variance 1 and eps 0 is
-    # exactly centred * scale + shift, in one pass.
-    flat_scale, flat_shift = scale.reshape(b * c).to(x.dtype), shift.reshape(b * c).to(x.dtype)
+    if below_zero:  # one affine per (scan, channel, row), 0 on padded rows: the mask's multiplication folded in
+        valid_rows = rows.reshape(b, 1, h).to(STATS)
+        return _affine(centred, scale[:, :, None] * valid_rows, shift[:, :, None] * valid_rows)
+    return _affine(centred, scale, shift) * mask
+
+
+def _affine(centred: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """centred [B, C, H, W] * scale + shift in one pass, the affine float64 [B, C] (one per scan and channel) or
+    [B, C, H] (one per row): BatchNormalization over [1, N, ...] (N its entries) with mean 0, variance 1 and eps 0
+    is exactly that."""
+    n = scale.numel()
+    flat_scale, flat_shift = scale.reshape(n).to(centred.dtype), shift.reshape(n).to(centred.dtype)
     zero, one = torch.zeros_like(flat_scale), torch.ones_like(flat_scale)
-    y = F.batch_norm(centred.reshape(1, b * c, h, w), zero, one, flat_scale, flat_shift, training=False, eps=0.0)
-    return y.reshape(b, c, h, w) * mask
-
-
-# How far below the data a padded column's centred value is pushed: far beyond any activation (so that
-# scale * (x - mean - PUSH) + shift < 0 for every realistic x, scale, shift), while its square, 1e30, stays finite in
-# float32 (3.4e38): the column sums multiply it by the column's 0, and 0 * inf would be NaN. The exported graph is
-# float32; converted to float16, PUSH would overflow to inf and the statistics would be NaN.
-PUSH = 1e15
-
-
-def _rows_and_pushed_columns(  # noqa: PLR0913 (rectangle_group_norm's state, passed on)
-    x, mean, resid, rows, columns, count, num_groups, weight, bias, eps
-) -> torch.Tensor:  # fmt: skip
-    """rectangle_group_norm with ``below_zero``: the mask's multiplication, a full pass over x, is folded into the
-    two passes that are there anyway. The centring subtracts, per (scan, channel, column), the mean plus PUSH
-    (signed as the weight) on padded columns; the affine runs per (scan, channel, row), with scale and shift 0 on
-    padded rows. Valid pixels see exactly the mean and the scale of the plain path."""
-    b, c, h, w = x.shape
-    sign = torch.ones(c, dtype=x.dtype, device=x.device) if weight is None else torch.sign(weight).to(x.dtype)
-    sign = sign.reshape(1, c, 1, 1)
-    centred = x - (mean[:, :, None, None] + sign * (PUSH * (1.0 - columns)))  # [B, C, 1, W] subtracted
-    square = _group_mean(_valid_sum(centred * centred, rows, columns), count, num_groups)
-    rstd = torch.rsqrt((square - resid * resid).clamp_min(0.0) + eps)  # [B, C]
-    scale = rstd if weight is None else rstd * weight.to(STATS)
-    shift = -resid * scale if bias is None else bias.to(STATS) - resid * scale
-    valid_rows = rows.reshape(b, 1, h).to(STATS)
-    row_scale = (scale[:, :, None] * valid_rows).reshape(b * c * h).to(x.dtype)
-    row_shift = (shift[:, :, None] * valid_rows).reshape(b * c * h).to(x.dtype)
-    zero, one = torch.zeros_like(row_scale), torch.ones_like(row_scale)
-    y = F.batch_norm(centred.reshape(1, b * c * h, w), zero, one, row_scale, row_shift, training=False, eps=0.0)
-    return y.reshape(b, c, h, w)
+    flat = centred.reshape(1, n, *centred.shape[scale.dim() :])
+    return F.batch_norm(flat, zero, one, flat_scale, flat_shift, training=False, eps=0.0).reshape(centred.shape)
 
 
 # Activations that are exactly 0 on every value <= 0 in PyTorch and in ONNX Runtime alike (Relu, Clip): a norm before
