@@ -215,9 +215,13 @@ def compare(  # noqa: PLR0913 (the benchmark's options)
     for backend, results in runs.items():
         seconds = float(np.median([r["seconds"] for r in results]))
         peak = results[0]["peak_bytes"] / 2**20
-        row[backend] = {"seconds": seconds, "scans_per_s": scans / seconds, "peak_mib": peak}
+        row[backend] = {"seconds": seconds, "scans_per_s": scans / seconds, "peak_mib": peak,
+                        "runs_s": [round(r["seconds"], 2) for r in results]}  # fmt: skip
         if backend != "eager":
             row[backend]["speedup"] = row[backend]["scans_per_s"] / row["eager"]["scans_per_s"]
+            # each repeat's eager run against the run that followed it: how far one pair's ratio strays
+            pairs = [e["seconds"] / r["seconds"] for e, r in zip(runs["eager"], results)]
+            row[backend]["pair_speedups"] = [round(p, 3) for p in pairs]
             shared = agreement(work / f"out-{name}-eager", work / f"out-{name}-{backend}")
             row[backend]["agreement"], row[backend]["agreement_foreground"] = shared
             row[backend]["max_logit_difference"] = logit_difference(ckpt, models[backend], first)
@@ -236,6 +240,8 @@ def print_table(rows: list[dict]) -> None:
             label = {"eager": "PyTorch eager", "onnx": "ONNX Runtime", "int8": "ONNX Runtime int8"}[backend]
             export_s = r["export_s"].get(backend, "")
             versus = f"{b['speedup']:.2f}x" if "speedup" in b else ""
+            if len(b.get("pair_speedups", [])) > 1:
+                versus += f" (pairs {min(b['pair_speedups']):.2f}-{max(b['pair_speedups']):.2f}x)"
             agree = f"{100 * b['agreement']:.4f}% / {100 * b['agreement_foreground']:.3f}%" if "agreement" in b else ""
             diff = f"{b['max_logit_difference']:.2e}" if "max_logit_difference" in b else ""
             model = r["model"] + (f", trained {r['epochs']} epochs" if r.get("epochs") else ", random weights")

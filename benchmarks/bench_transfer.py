@@ -18,7 +18,8 @@ dev and test scans' own images; the thin-structure loss (``train.skeleton_weight
 self-training and with ClassMix (``mix``: the update's labelled curves pasted into the student's unlabelled view).
 With ``model.args.ink`` (srforge.models.ink: each scan as its darkness against its own paper, in its darkest
 channel) the generator's model is trained alone, with the skeleton loss, with plain and class-balanced
-self-training, and with class-balanced self-training and the skeleton loss; the renderer's own model is trained
+self-training, with class-balanced self-training and the skeleton loss, and with plain self-training and the
+skeleton loss (at full and half weight); the renderer's own model is trained
 with it too, the fair baseline for those rows.
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
@@ -232,6 +233,11 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
     for kind, where in (("other seed", "other renderer scans"), ("test images", "the test scans' images")):
         add(f"+ ink input, class-balanced self-training and skeleton loss ({where})",
             [INK, *learning_from(unlabelled[kind], balance=True), skeleton])  # fmt: skip
+    for kind, where in (("other seed", "other renderer scans"), ("test images", "the test scans' images")):
+        add(f"+ ink input, plain self-training and skeleton loss ({where})",
+            [INK, *learning_from(unlabelled[kind]), skeleton])  # fmt: skip
+        add(f"+ ink input, plain self-training and half-weight skeleton loss ({where})",
+            [INK, *learning_from(unlabelled[kind]), f"train.skeleton_weight={SKELETON_WEIGHT / 2}"])  # fmt: skip
     return rows
 
 
