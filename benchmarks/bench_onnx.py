@@ -17,7 +17,13 @@ With ``--int8`` each model is also exported as a static int8 model (``srforge-ex
 on scans drawn apart from the predicted ones (other generator seeds, the same sizes), and predicted in the same way:
 its speed, and how many of its mask pixels agree with eager's.
 
+With ``--memory-pattern`` it measures instead what ONNX Runtime's per-shape memory pattern costs: welllog's model
+(random weights) in one session as srforge.predict.onnx_model opens it (no pattern) and in one with the pattern on,
+each in a process of its own, over the shapes predict.py gives the full-size scans (the 544 x 3,200 scan, then the
+wide scan's 640 x 6,528 tiles three times): each run's seconds, the kernel's seconds and its page faults.
+
     python benchmarks/bench_onnx.py [--repeats 1] [--int8] [--train-epochs N] [--out FILE.json]
+    python benchmarks/bench_onnx.py --memory-pattern
 """
 
 from __future__ import annotations
@@ -111,6 +117,53 @@ def child(spec: str) -> None:
     code = main_predict(args + ["--no-progress"])
     seconds = time.perf_counter() - start
     print(json.dumps({"code": code, "seconds": seconds, "peak_bytes": peak_rss()}))
+
+
+def pattern_child(spec: str) -> None:
+    """In a process of its own: ``spec`` = {"model", "pattern", "shapes"}; runs srforge's session (its memory
+    pattern set as asked) once per shape in turn and prints each run's seconds, kernel seconds and page faults."""
+    import onnxruntime
+
+    from srforge.predict.onnx_model import OnnxModel
+
+    args = json.loads(spec)
+    options = OnnxModel(args["model"]).session.get_session_options()  # srforge's own, the pattern aside
+    options.enable_mem_pattern = args["pattern"]
+    session = onnxruntime.InferenceSession(args["model"], options, providers=["CPUExecutionProvider"])
+    rng, found = np.random.default_rng(0), []
+    for h, w in args["shapes"]:
+        feed = {"image": rng.integers(0, 256, (1, 3, h, w), dtype=np.uint8), "sizes": np.array([[h, w]])}
+        before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        session.run(["logits"], feed)
+        seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+        kernel = after.ru_stime - before.ru_stime
+        found.append({"shape": [h, w], "seconds": round(seconds, 2), "kernel_s": round(kernel, 2),
+                      "page_faults": after.ru_minflt - before.ru_minflt})  # fmt: skip
+    print(json.dumps(found))
+
+
+def memory_pattern(work: Path) -> dict:
+    """welllog's model (random weights) with and without ONNX Runtime's memory pattern, each in its own process,
+    over predict.py's shapes for the full-size scans: {"off" | "on": [runs]}."""
+    from srforge.constants import CPU_PIXELS
+    from srforge.predict.tiling import tile_grid, tile_shape
+
+    onnx = work / "welllog.onnx"
+    export(checkpoint(work / "welllog.pt", 32, 5, 4), onnx)
+    (h, w), (wide_h, wide_w) = FULL_SIZES
+    rows, columns = tile_grid(wide_h, wide_w, tile_shape(wide_h, wide_w, CPU_PIXELS, 32), 4 * 32, 32)
+    tile = (rows[0][1] - rows[0][0], columns[0][1] - columns[0][0])
+    shapes = [(h, w), tile, tile, tile]
+    found = {}
+    for label, pattern in (("off", False), ("on", True)):
+        spec = json.dumps({"model": str(onnx), "pattern": pattern, "shapes": shapes})
+        done = subprocess.run([sys.executable, __file__, "--pattern-child", spec], capture_output=True, text=True,
+                              check=True)  # fmt: skip
+        found[label] = json.loads(done.stdout.strip().splitlines()[-1])
+        for run in found[label]:
+            print(f"memory pattern {label}: {run['shape'][0]} x {run['shape'][1]}: {run['seconds']:.2f} s, the "
+                  f"kernel's {run['kernel_s']:.2f} s, {run['page_faults']:,} page faults")  # fmt: skip
+    return found
 
 
 def peak_rss() -> int:
@@ -249,8 +302,10 @@ def print_table(rows: list[dict]) -> None:
                   f"{b['peak_mib']:.0f} | {agree} | {diff} |")  # fmt: skip
     for r in rows:
         for backend, found in r.get("training_scale", {}).items():
-            print(f"{r['model']} {backend} at its training scale (1/8, {found['scans']} scans): masks agreeing with "
-                  f"eager {100 * found['agreement']:.4f}% / foreground {100 * found['agreement_foreground']:.3f}%")
+            print(
+                f"{r['model']} {backend} at its training scale (1/8, {found['scans']} scans): masks agreeing with "
+                f"eager {100 * found['agreement']:.4f}% / foreground {100 * found['agreement_foreground']:.3f}%"
+            )
 
 
 def main() -> None:
@@ -259,11 +314,20 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true", help="also a static int8 export, calibrated on other scans")
     parser.add_argument("--train-epochs", type=int, default=0, help="train each model first (default 0: random)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_onnx.json"))
+    parser.add_argument("--memory-pattern", action="store_true", help="what ONNX Runtime's memory pattern costs")
     parser.add_argument("--child")
+    parser.add_argument("--pattern-child")
     args = parser.parse_args()
     if args.child:
         return child(args.child)
+    if args.pattern_child:
+        return pattern_child(args.pattern_child)
     work = Path(tempfile.mkdtemp(prefix="srforge-onnx-"))
+    if args.memory_pattern:
+        found = memory_pattern(work)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"memory_pattern": found}, indent=2))
+        return None
     full_size_scans(work / "full")
     tiny_scans(work / "tiny")
     if args.int8:  # calibration scans apart from the predicted ones: other seeds, the same sizes

@@ -248,6 +248,10 @@ def test_from_onnx_reads_the_divisor_classes_and_channels_from_the_metadata(onnx
     predictor = Predictor.from_onnx(onnx, threads=1)
     assert (predictor.divisor, predictor.class_names, predictor.model.in_channels) == (8, ["bg", "solid", "dashed"], 3)
     assert predictor.runtime == "onnxruntime CPUExecutionProvider, 1 intra-op threads"
+    # The arena kept between runs and no per-shape memory pattern: what keeps an archive's runs from faulting
+    # their activations' pages in afresh (srforge.predict.onnx_model._session).
+    options = predictor.model.session.get_session_options()
+    assert options.enable_cpu_mem_arena and not options.enable_mem_pattern
     assert predictor.fingerprint != Predictor.from_checkpoint(ckpt, device="cpu").fingerprint  # another model file
     image = torch.from_numpy(scan(4)).permute(2, 0, 1).contiguous()
     (mask,) = predictor.predict([image])

@@ -61,6 +61,11 @@ def _session(path: Path, threads: int, providers):
     # shapes on two cores (28.0 s against 33.0 s); the arena keeps its largest blocks between runs instead (peak
     # memory 6.6 GB against 3.8 GB for that run; docs/performance.md).
     options.enable_cpu_mem_arena = True
+    # No memory pattern: ONNX Runtime plans one per input shape and, on a shape's second run, allocates the whole
+    # plan as one new block, which grows the arena and faults every page of it in again (a 640 x 6,528 tile's
+    # second run 14.0 s against 7.6 s warm; 10 s of it the kernel's). An archive's scans and tiles come in many
+    # shapes; without the pattern the arena's freed blocks serve every later shape that fits them.
+    options.enable_mem_pattern = False
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     available = onnxruntime.get_available_providers()
