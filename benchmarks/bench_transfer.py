@@ -19,7 +19,7 @@ self-training and with ClassMix (``mix``: the update's labelled curves pasted in
 With ``model.args.ink`` (srforge.models.ink: each scan as its darkness against its own paper, in its darkest
 channel) the generator's model is trained alone, with the skeleton loss, with plain and class-balanced
 self-training, with class-balanced self-training and the skeleton loss, and with plain self-training and the
-skeleton loss (at full and half weight); the renderer's own model is trained
+skeleton loss (at full, half and double weight); the renderer's own model is trained
 with it too, the fair baseline for those rows.
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
@@ -238,6 +238,8 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
             [INK, *learning_from(unlabelled[kind]), skeleton])  # fmt: skip
         add(f"+ ink input, plain self-training and half-weight skeleton loss ({where})",
             [INK, *learning_from(unlabelled[kind]), f"train.skeleton_weight={SKELETON_WEIGHT / 2}"])  # fmt: skip
+        add(f"+ ink input, plain self-training and double-weight skeleton loss ({where})",
+            [INK, *learning_from(unlabelled[kind]), f"train.skeleton_weight={SKELETON_WEIGHT * 2}"])  # fmt: skip
     return rows
 
 
