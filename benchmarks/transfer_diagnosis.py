@@ -8,7 +8,14 @@ sets bench_transfer.py left in its work folder (run it first):
 - the decision threshold: foreground IoU of each model on each test set when a pixel is curve at p(curve) >= t, for
   a few t (chosen on the test set itself: an optimistic bound on what recalibration could give).
 
+With ``--false-marks RUN ...`` (run folders under WORK/runs, by a part of their name) it says instead where each
+run's false marks lie on the dev and test sets: its marks more than 2 px from every curve pixel (what the tolerance
+precision counts against it), split into those inside the renderer's header panel (its width from the renderer's
+plan of the scan), on border and grid lines (rows whose false marks cover 30% of the width), 3-4 px and 5-8 px from
+a curve, and further away.
+
     python benchmarks/transfer_diagnosis.py [--work benchmarks/results/transfer_work] [--seed 0]
+    python benchmarks/transfer_diagnosis.py --false-marks "plain_self-training_and_skeleton_loss_other" renderer_
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from scipy import ndimage
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import bench_transfer  # noqa: E402
+import log_plotter  # noqa: E402
+
 from srforge.predict import Predictor  # noqa: E402
 
 GENERATOR = "srforge_generator_own_curves_randomisation_on_seed{seed}_"
@@ -64,11 +74,56 @@ def probabilities(predictor: Predictor, image: np.ndarray) -> np.ndarray:
     return predictor.probabilities([scan])[0][1].float().numpy()
 
 
+def false_marks(predictor: Predictor, folder: Path, well, seed: int, scale: float) -> dict[str, float]:
+    """Tolerance precision of ``predictor`` on the renderer's set ``folder`` (drawn from ``well`` with ``seed`` at
+    ``scale``) and the shares of its false marks (> 2 px from every curve pixel) by where they lie."""
+    kinds = ("header panel", "border and grid lines", "3-4 px from a curve", "5-8 px", "further")
+    counts, kept = dict.fromkeys(kinds, 0), 0
+    for i, (image, mask_path) in enumerate(pairs(folder, limit=1000)):
+        truth = np.asarray(Image.open(mask_path)) > 0
+        marks = probabilities(predictor, read(image)) >= 0.5
+        near = {r: ndimage.binary_dilation(truth, np.ones((2 * r + 1, 2 * r + 1), bool)) for r in (2, 4, 8)}
+        false = marks & ~near[2]
+        kept += int((marks & near[2]).sum())
+        header = np.zeros_like(false)
+        width = round(log_plotter.plan_scan(well, seed, i, scale)["header"])
+        header[:, : width + 2 if width else 0] = True
+        lines = np.broadcast_to((false.mean(1) > 0.3)[:, None], false.shape)
+        rest = false & ~header & ~lines
+        found = (false & header, false & ~header & lines, rest & near[4], rest & near[8] & ~near[4], rest & ~near[8])
+        for kind, where in zip(kinds, found):
+            counts[kind] += int(where.sum())
+    total = max(1, sum(counts.values()))
+    return {"tolerance precision": kept / max(1, kept + total), **{k: v / total for k, v in counts.items()}}
+
+
+def print_false_marks(work: Path, names: list[str]) -> None:
+    """--false-marks: each run whose folder name holds one of ``names``, on every renderer set."""
+    runs = sorted(run for run in (work / "runs").iterdir() if any(name in run.name for name in names))
+    sets = next(work.glob("sets_*"), None)
+    if not runs or sets is None:
+        raise SystemExit(f"{work}: no run named like {names} and the renderer's sets; run bench_transfer.py first")
+    splits = bench_transfer.las_splits(work / "las", work)
+    wells = {name: log_plotter.read_well(splits["train" if name == "dev" else name])
+             for name in bench_transfer.SET_SEEDS}  # fmt: skip
+    scale = float(sets.name.rsplit("_s", 1)[1])
+    print("tolerance precision, and where the false marks lie (shares of them):")
+    for run in runs:
+        predictor = Predictor.from_checkpoint(run / "best.pt", device="cpu")
+        for name, seed in bench_transfer.SET_SEEDS.items():
+            found = false_marks(predictor, sets / name, wells[name], seed, scale)
+            shares = ", ".join(f"{k} {v:.2f}" for k, v in found.items() if k != "tolerance precision")
+            print(f"  {run.name}, {name}: {found['tolerance precision']:.3f}; {shares}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "results" / "transfer_work")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--false-marks", nargs="+", metavar="RUN", help="where these runs' false marks lie")
     args = parser.parse_args()
+    if args.false_marks:
+        return print_false_marks(args.work, args.false_marks)
     runs = args.work / "runs"
     generator = next(runs.glob(GENERATOR.format(seed=args.seed) + "n*"), None)
     renderer = next(runs.glob(f"renderer_*_seed{args.seed}_*"), None)
