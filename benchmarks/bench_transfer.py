@@ -19,8 +19,8 @@ self-training and with ClassMix (``mix``: the update's labelled curves pasted in
 With ``model.args.ink`` (srforge.models.ink: each scan as its darkness against its own paper, in its darkest
 channel) the generator's model is trained alone, with the skeleton loss, with plain and class-balanced
 self-training, with class-balanced self-training and the skeleton loss, and with plain self-training and the
-skeleton loss (at full, half and double weight); the renderer's own model is trained
-with it too, the fair baseline for those rows.
+skeleton loss (at full, half and double weight, and with the teacher's confidence at 0.6-0.95); the renderer's
+own model is trained with it too, the fair baseline for those rows.
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
 (TOTEM #9) and 6038187_v1.2.las (Scorpio E1). TOTEM #9's first 60% of depths are written as a LAS file of their
@@ -240,6 +240,9 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
             [INK, *learning_from(unlabelled[kind]), f"train.skeleton_weight={SKELETON_WEIGHT / 2}"])  # fmt: skip
         add(f"+ ink input, plain self-training and double-weight skeleton loss ({where})",
             [INK, *learning_from(unlabelled[kind]), f"train.skeleton_weight={SKELETON_WEIGHT * 2}"])  # fmt: skip
+        for confidence in (0.6, 0.7, 0.8, 0.95):  # the teacher's threshold, SELF_TRAINING's 0.9 either side
+            add(f"+ ink input, plain self-training at confidence {confidence} and skeleton loss ({where})",
+                [INK, *learning_from(unlabelled[kind], confidence=confidence), skeleton])  # fmt: skip
     return rows
 
 
