@@ -63,8 +63,8 @@ def _session(path: Path, threads: int, providers):
     options.enable_cpu_mem_arena = True
     # No memory pattern: ONNX Runtime plans one per input shape and, on a shape's second run, allocates the whole
     # plan as one new block, which grows the arena and faults every page of it in again (a 640 x 6,528 tile's
-    # second run 14.0 s against 7.6 s warm; 10 s of it the kernel's). An archive's scans and tiles come in many
-    # shapes; without the pattern the arena's freed blocks serve every later shape that fits them.
+    # second run 14.9 s against 8.0 s warm, 10.5 s of it the kernel's; docs/performance.md). An archive's scans and
+    # tiles come in many shapes; without the pattern the arena's freed blocks serve every later shape that fits.
     options.enable_mem_pattern = False
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
