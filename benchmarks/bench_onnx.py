@@ -145,14 +145,15 @@ def pattern_child(spec: str) -> None:
 def memory_pattern(work: Path) -> dict:
     """welllog's model (random weights) with and without ONNX Runtime's memory pattern, each in its own process,
     over predict.py's shapes for the full-size scans: {"off" | "on": [runs]}."""
-    from srforge.constants import CPU_PIXELS
     from srforge.predict.tiling import tile_grid, tile_shape
 
-    onnx = work / "welllog.onnx"
-    export(checkpoint(work / "welllog.pt", 32, 5, 4), onnx)
+    ckpt, onnx = checkpoint(work / "welllog.pt", 32, 5, 4), work / "welllog.onnx"
+    export(ckpt, onnx)
     (h, w), (wide_h, wide_w) = FULL_SIZES
-    rows, columns = tile_grid(wide_h, wide_w, tile_shape(wide_h, wide_w, CPU_PIXELS, 32), 4 * 32, 32)
-    tile = (rows[0][1] - rows[0][0], columns[0][1] - columns[0][0])
+    plan = Predictor.from_onnx(onnx)  # the budget, overlap and divisor predict.py tiles the wide scan with
+    largest = tile_shape(wide_h, wide_w, plan.max_pixels, plan.divisor)
+    rows, columns = tile_grid(wide_h, wide_w, largest, plan.overlap, plan.divisor)
+    tile = (rows[0][1] - rows[0][0], columns[0][1] - columns[0][0])  # the first tile, as predict.py runs it
     shapes = [(h, w), tile, tile, tile]
     found = {}
     for label, pattern in (("off", False), ("on", True)):

@@ -15,7 +15,7 @@ plan of the scan), on border and grid lines (rows whose false marks cover 30% of
 a curve, and further away.
 
     python benchmarks/transfer_diagnosis.py [--work benchmarks/results/transfer_work] [--seed 0]
-    python benchmarks/transfer_diagnosis.py --false-marks "plain_self-training_and_skeleton_loss_other" renderer_
+    python benchmarks/transfer_diagnosis.py --false-marks "plain_self-training_and_skeleton_loss_other" "_ink_seed"
 """
 
 from __future__ import annotations
