@@ -19,7 +19,8 @@ self-training and with ClassMix (``mix``: the update's labelled curves pasted in
 With ``model.args.ink`` (srforge.models.ink: each scan as its darkness against its own paper, in its darkest
 channel) the generator's model is trained alone, with the skeleton loss, with plain and class-balanced
 self-training, with class-balanced self-training and the skeleton loss, and with plain self-training and the
-skeleton loss (at full, half and double weight, and with the teacher's confidence at 0.6-0.95); the renderer's
+skeleton loss (at full, half and double weight, with the teacher's confidence at 0.6-0.95, and with the flip
+teacher: ``tta: flip``, the mean of each scan's four mirror images); the renderer's
 own model is trained with it too, the fair baseline for those rows.
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
@@ -35,14 +36,16 @@ training scans, the split and the initial weights; the dev and test sets are the
 
     python benchmarks/bench_transfer.py [--seeds 0 1] [--variants WORD ...] [--las-dir DIR] [--work DIR]
                                         [--scale 0.125] [--depth 4] [--epochs 12] [--test-scans 24]
-                                        [--threads 1] [--reuse] [--quick] [--make-sets DIR] [--out FILE.json]
+                                        [--threads 1] [--reuse] [--tta] [--quick] [--make-sets DIR]
+                                        [--out FILE.json]
 
 ``--las-dir DIR``: a folder holding logging_levels.las and 6038187_v1.2.las; without it they are fetched with
 ``pip download lasio==0.31 --no-deps --no-binary :all:`` into the work folder. ``--make-sets DIR`` only renders
 DIR/{dev,test_same_well,test_other_well}/{images,masks} (PNG, masks 0/1). ``--quick`` is a smoke run (tiny sets,
 one epoch, one seed): it checks that every variant trains and is scored, not what the table says. ``--reuse``
 keeps the models trained on the renderer's scans by an earlier run (same renderer source, setting and seed);
-srforge's data and models are made afresh every run.
+srforge's data and models are made afresh every run. ``--tta`` scores every model a second time with each scan
+predicted as the mean of its four mirror images (the evaluator's ``--tta flip``), printed as a second table.
 """
 
 from __future__ import annotations
@@ -243,6 +246,11 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
         for confidence in (0.6, 0.7, 0.8, 0.95):  # the teacher's threshold, SELF_TRAINING's 0.9 either side
             add(f"+ ink input, plain self-training at confidence {confidence} and skeleton loss ({where})",
                 [INK, *learning_from(unlabelled[kind], confidence=confidence), skeleton])  # fmt: skip
+        add(f"+ ink input, plain self-training with the flip teacher and skeleton loss ({where})",
+            [INK, *learning_from(unlabelled[kind], tta="flip"), skeleton])  # fmt: skip
+        # the skeleton loss adds a labelled term that marks thin lines; a double unlabelled weight answers it
+        add(f"+ ink input, double-weight self-training with the flip teacher and skeleton loss ({where})",
+            [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0), skeleton])  # fmt: skip
     return rows
 
 
@@ -347,8 +355,10 @@ def evaluator(arguments: list[str], out: Path) -> dict:
     return {"fg_iou": micro["iou"]["curve"], "tol_f1": micro["tol_f1"]["curve"]}
 
 
-def score_checkpoint(checkpoint: Path, folder: Path, out: Path) -> dict:
-    return evaluator(["--checkpoint", str(checkpoint), "--input", str(folder), "--workers", "0"], out)
+def score_checkpoint(checkpoint: Path, folder: Path, out: Path, tta: str = "none") -> dict:
+    """The checkpoint's scores on ``folder``, its scans predicted as they are or, ``tta`` flip, as the mean of
+    their four mirror images (the evaluator's --tta)."""
+    return evaluator(["--checkpoint", str(checkpoint), "--input", str(folder), "--workers", "0", "--tta", tta], out)
 
 
 def darkness(path: Path) -> np.ndarray:
@@ -393,9 +403,12 @@ def mean_sd(values: list[float]) -> str:
     return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
 
 
-def print_table(rows: list[dict], skipped: list[dict], seeds: list[int]) -> None:
-    """The markdown table: each variant's mean ± sample sd over seeds of foreground IoU and tolerance F1."""
-    print(f"\nforeground IoU / tolerance F1 (2 px), micro; mean ± sd over seeds {seeds}:")
+def print_table(rows: list[dict], skipped: list[dict], seeds: list[int], scores: str = "scores") -> None:
+    """The markdown table: each variant's mean ± sample sd over seeds of foreground IoU and tolerance F1 (of
+    each row's ``scores``: "scores", or "scores_tta", those of --tta flip at test time)."""
+    rows = [{**r, "scores": r[scores]} for r in rows if scores in r]
+    when = ", every scan predicted with --tta flip" if scores == "scores_tta" else ""
+    print(f"\nforeground IoU / tolerance F1 (2 px), micro{when}; mean ± sd over seeds {seeds}:")
     head = ["trained on", *[f"{s} IoU / tol F1" for s in TEST_SETS], "training s"]
     print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
     for name in dict.fromkeys(r["variant"] for r in rows):
@@ -427,6 +440,11 @@ def run_seed(seed: int, chosen: list[dict], setting: Setting, args, sets: dict[s
             for part, folder in sets.items()
         }
         rows.append({"variant": variant["name"], "seed": seed, "seconds": round(seconds, 1), "scores": scores})
+        if args.tta:
+            rows[-1]["scores_tta"] = {
+                part: score_checkpoint(checkpoint, folder, checkpoint.parent / f"evaluate-tta-{part}", "flip")
+                for part, folder in sets.items()
+            }
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -448,6 +466,7 @@ def parse(argv=None) -> argparse.Namespace:
         help="keep models trained on the renderer's scans by an "
         "earlier run of the same renderer, setting and seed (srforge's models are always retrained)",
     )
+    parser.add_argument("--tta", action="store_true", help="also score every model with the evaluator's --tta flip")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sets, one epoch, one seed")
     parser.add_argument("--make-sets", type=Path, default=None, metavar="DIR", help="only render the dev/test sets")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_transfer.json")
@@ -500,6 +519,8 @@ def run(args, setting: Setting, las: dict) -> int:
     for seed in args.seeds:
         rows += run_seed(seed, chosen, setting, args, sets, las)
     print_table(rows, skipped, args.seeds)
+    if args.tta:
+        print_table(rows, [], args.seeds, scores="scores_tta")
     seconds = time.perf_counter() - start
     print(f"wall time {seconds:.0f} s")
     document = {"setting": {**asdict(setting), "max_pixels": setting.max_pixels}, "seeds": args.seeds,

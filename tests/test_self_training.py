@@ -18,7 +18,7 @@ from srforge.data import DataError
 from srforge.data.unlabelled import UnlabelledScans, UnlabelledStream
 from srforge.runtime.checkpoint import load_checkpoint
 from srforge.train import train
-from srforge.train.self_training import SelfTraining, class_mix, pseudo_labels
+from srforge.train.self_training import SelfTraining, class_mix, confident_labels, flip_guess, pseudo_labels
 
 
 def unlabelled_folder(root: Path, n: int = 7) -> Path:
@@ -97,10 +97,40 @@ class Strict(torch.nn.Module):
         return self.conv(image.float() / 255)
 
 
-def unlabelled_step(tmp_path, fits: int | None, balance: bool, student_fits: int | None = None, damaged=()):
+def test_the_flip_teacher_averages_each_scans_mirror_images_within_its_extent():
+    """A teacher blind to the image whose class-1 logit is the column's place, d(x) = x - 1.5 over a padded width
+    of 4: scan 0 is 1 x 3, scan 1 is 1 x 2. Mirrored left-right within its extent a scan's column x reads column
+    w - 1 - x (upside-down changes nothing at height 1), so its class-1 probability is the mean of sigmoid(d(x))
+    and sigmoid(d(w - 1 - x)); padding columns stay where they are, and pseudo-labels never count them."""
+    ramp = torch.arange(4.0) - 1.5
+
+    def teacher(view, sizes):
+        return torch.stack([torch.zeros(2, 1, 4), ramp.expand(2, 1, 4)], 1)  # [2, 2, 1, 4]
+
+    image, sizes = torch.zeros(2, 3, 1, 4, dtype=torch.uint8), torch.tensor([[1, 3], [1, 2]])
+    s = torch.sigmoid(ramp)
+    expected = torch.tensor([
+        [(s[0] + s[2]) / 2, s[1], (s[0] + s[2]) / 2, s[3]],  # w = 3: columns 0 and 2 swap; 3 is padding
+        [(s[0] + s[1]) / 2, (s[0] + s[1]) / 2, s[2], s[3]],  # w = 2: columns 0 and 1 swap; 2 and 3 are padding
+    ])  # fmt: skip
+    probability, label = flip_guess(teacher, image, sizes)
+    class_1 = torch.where(label == 1, probability, 1 - probability)[:, 0]
+    assert torch.allclose(class_1, expected, atol=1e-6)
+    assert label[:, 0].tolist() == [[0, 0, 0, 1], [0, 0, 1, 1]]
+    labels, confident = confident_labels(probability, label, sizes, 2, confidence=0.6, ignore_index=255)
+    # p(class 0): scan 0 0.598 at columns 0 and 2 (unflipped, column 0 would be sure at 0.818), 0.622 at column 1;
+    # scan 1 0.720 at both; padding ignored
+    assert labels[:, 0].tolist() == [[255, 0, 255, 255], [0, 0, 255, 255]]
+    alone = flip_guess(teacher, image[1:], sizes[1:])  # a scan's guess does not depend on its batch company
+    assert torch.equal(alone[0][0, :, :2], probability[1, :, :2])
+
+
+def unlabelled_step(
+    tmp_path, fits: int | None, balance: bool, student_fits: int | None = None, damaged=(), tta: str = "none"
+):
     """One SelfTraining.backward over a batch of 4 unlabelled scans (those in ``damaged`` cut short), teacher
-    Strict(fits) and student Strict(student_fits, default fits): the loss, the student's gradients and the pending
-    sums (loss, batches, confident, real pixels)."""
+    Strict(fits) and student Strict(student_fits, default fits), the teacher's views ``tta``: the loss, the
+    student's gradients and the pending sums (loss, batches, confident, real pixels)."""
     from types import SimpleNamespace
 
     folder = unlabelled_folder(tmp_path, n=4)
@@ -114,7 +144,7 @@ def unlabelled_step(tmp_path, fits: int | None, balance: bool, student_fits: int
         device=torch.device("cpu"), settings=settings, averaged=teacher, net=net, num_classes=2, step=0,
         params=list(net.parameters()), scaler=torch.amp.GradScaler("cpu", enabled=False),
     )  # fmt: skip
-    self_training = SelfTraining(stream, confidence=0.5, balance=balance)
+    self_training = SelfTraining(stream, confidence=0.5, balance=balance, tta=tta)
     loss = self_training.backward(trainer)
     return loss, [None if p.grad is None else p.grad.clone() for p in net.parameters()], self_training.pending
 
@@ -126,6 +156,16 @@ def test_an_unlabelled_batch_out_of_memory_is_redone_in_parts_to_the_same_loss_a
     assert whole > 0 and torch.allclose(parts, whole, rtol=1e-5, atol=1e-7)
     for a, b in zip(grads, part_grads):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_flip_teacher_that_is_a_per_pixel_classifier_teaches_what_it_teaches_unflipped(tmp_path):
+    """Strict classifies each pixel alone, so its mirror images give each pixel the same probabilities: the flip
+    teacher's loss and gradients are the plain teacher's, whole or in parts (the four views mirror back exactly)."""
+    plain, grads, _ = unlabelled_step(tmp_path / "plain", None, balance=False)
+    for fits, name in ((None, "whole"), (1, "parts")):
+        flipped, flip_grads, _ = unlabelled_step(tmp_path / name, fits, balance=False, tta="flip")
+        assert plain > 0 and torch.allclose(flipped, plain, rtol=1e-5, atol=1e-7)
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(grads, flip_grads))
 
 
 def test_a_scan_the_teacher_cannot_hold_alone_skips_the_unlabelled_batch_and_says_so(tmp_path, capsys):
@@ -333,6 +373,7 @@ def test_scans_larger_than_the_budget_alone_are_left_out_and_named(tmp_path):
         ({"self_training": {"confidence": 1.5}}, "train.self_training.confidence: expected a probability"),
         ({"self_training": {"wieght": 1}}, "train.self_training: unknown key 'wieght'"),
         ({"self_training": {"mix": "yes"}}, "train.self_training.mix: expected true or false, found 'yes'"),
+        ({"self_training": {"tta": "mirror"}}, "train.self_training.tta: expected none (the teacher sees each scan"),
     ],
 )
 def test_self_training_without_its_parts_is_a_config_error(tmp_path, change, expected):

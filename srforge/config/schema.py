@@ -106,17 +106,20 @@ def unlabelled_paths(value: Any, path: str) -> None:
 
 SELF_TRAINING = {
     "weight": 1.0, "confidence": 0.9, "start_epoch": 1, "augment": {"hflip": 0.5}, "balance": False, "mix": False,
+    "tta": "none",
 }  # fmt: skip
 
 
 def self_training_spec(value: Any, path: str) -> None:
     """null, or a mapping of SELF_TRAINING's keys (each optional): weight > 0, confidence in [0, 1), start_epoch
-    >= 1, augment a recipe of data.augment's keys without ``scale`` (a student's view keeps the teacher's size)."""
+    >= 1, augment a recipe of data.augment's keys without ``scale`` (a student's view keeps the teacher's size),
+    balance and mix true or false, tta "none" or "flip" (the teacher's views, as predict.py's --tta)."""
     if value is None:
         return
     if not isinstance(value, Mapping):
         raise ConfigError(
-            f"{path}: expected {{weight, confidence, start_epoch, augment, balance, mix}} or null, found {value!r}."
+            f"{path}: expected {{weight, confidence, start_epoch, augment, balance, mix, tta}} or null, found "
+            f"{value!r}."
         )
     unknown = sorted(set(value) - set(SELF_TRAINING))
     if unknown:
@@ -140,6 +143,11 @@ def self_training_spec(value: Any, path: str) -> None:
     for flag in ("balance", "mix"):
         if not isinstance(value.get(flag, False), bool):
             raise ConfigError(f"{path}.{flag}: expected true or false, found {value[flag]!r}.")
+    if value.get("tta", "none") not in ("none", "flip"):
+        raise ConfigError(
+            f"{path}.tta: expected none (the teacher sees each scan once) or flip (it averages the scan and its "
+            f"three mirror images), found {value['tta']!r}."
+        )
 
 
 def pixel_budget(value: Any, path: str) -> None:
@@ -396,8 +404,8 @@ class TrainSection(Section, path="train"):
     )
     self_training: dict | None = key(
         None,
-        "{weight, confidence, start_epoch, augment, balance}: learn from data.unlabelled's scans through the EMA "
-        "teacher's confident predictions (needs train.ema and data.unlabelled); null: off",
+        "{weight, confidence, start_epoch, augment, balance, mix, tta}: learn from data.unlabelled's scans through "
+        "the EMA teacher's confident predictions (needs train.ema and data.unlabelled); null: off",
         rule=self_training_spec,
     )
     hooks: list = key(

@@ -7,6 +7,9 @@ gradients are averaged across ranks, takes one batch of this rank's unlabelled s
 (:class:`srforge.data.unlabelled.UnlabelledStream`):
 
 1. the teacher (``trainer.averaged``, the EMA of the weights) predicts the padded batch at the scans' true sizes;
+   with ``tta: flip``, its class probabilities are the mean over each scan and its three mirror images, each
+   mirrored within the scan's own extent (srforge.predict.tta, as predict.py's ``--tta flip``): a mark the teacher
+   makes in one orientation only is less often sure, at four teacher passes instead of one;
 2. :func:`pseudo_labels`: each pixel's most likely class where its probability is at least ``confidence`` (with
    ``balance``, at least its class's own threshold, the median of the batch's pixels of that class when lower),
    else the ignore index; padding and anything outside a scan's size are the ignore index too;
@@ -59,6 +62,15 @@ from srforge.train.update import backward_or_none, each_part, no_sync, parts_of,
 def teacher_guess(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(probability float32 [B, H, W], class int64 [B, H, W]) of the most likely class of ``logits`` [B, K, H, W]."""
     return logits.float().softmax(dim=1).max(dim=1)
+
+
+def flip_guess(teacher, image: torch.Tensor, sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probability float32 [B, H, W], class int64 [B, H, W]): the most likely class of ``teacher``'s softmax
+    averaged over each scan of the padded ``image`` [B, C, H, W] and its mirror images within its true extent
+    (``sizes`` [B, 2]; srforge.predict.tta.flip_probabilities); padding's values are those of padding."""
+    from srforge.predict.tta import flip_probabilities  # prediction's package: only for a run that asks for it
+
+    return flip_probabilities(lambda view: teacher(view, sizes.clone()), image, sizes).max(dim=1)
 
 
 def pseudo_labels(
@@ -134,7 +146,8 @@ def class_mix(
 
 class SelfTraining:
     """The unlabelled half of each update (module docstring). ``stream`` gives the batches; ``weight``,
-    ``confidence``, ``start_epoch`` and ``augment`` are train.self_training's keys; ``seed`` is run.seed."""
+    ``confidence``, ``start_epoch``, ``augment``, ``balance``, ``mix`` and ``tta`` are train.self_training's keys;
+    ``seed`` is run.seed."""
 
     def __init__(  # noqa: PLR0913 (train.self_training's keys)
         self,
@@ -146,10 +159,14 @@ class SelfTraining:
         augment: Mapping | None = None,
         balance: bool = False,
         mix: bool = False,
+        tta: str = "none",
         ignore_index: int = IGNORE_INDEX,
         seed: int = 0,
     ):
         self.stream, self.weight, self.confidence, self.balance = stream, float(weight), float(confidence), balance
+        if tta not in ("none", "flip"):
+            raise ValueError(f"train.self_training.tta: expected none or flip, found {tta!r}")
+        self.tta = tta
         self.mix, self.labelled = mix, None
         self.teacher_pixels: int | None = None  # the largest unlabelled part tried since one ran out of memory
         self.student_pixels: int | None = None
@@ -299,11 +316,13 @@ class SelfTraining:
             return guesses[0]
         return torch.cat([g[0] for g in guesses]), torch.cat([g[1] for g in guesses])
 
-    @staticmethod
-    def guess_or_none(teacher, image: torch.Tensor, sizes: torch.Tensor, trainer) -> tuple | None:
-        """:func:`teacher_guess` of the teacher's logits for ``image`` [b, C, H, W], or None out of memory."""
+    def guess_or_none(self, teacher, image: torch.Tensor, sizes: torch.Tensor, trainer) -> tuple | None:
+        """:func:`teacher_guess` of the teacher's logits for ``image`` [b, C, H, W] (with ``tta`` flip: the most
+        likely class of the four views' mean probabilities, :func:`flip_guess`), or None out of memory."""
         try:
             with torch.no_grad(), autocast(trainer.device, trainer.settings.precision):
+                if self.tta == "flip":
+                    return flip_guess(teacher, image, sizes)
                 return teacher_guess(teacher(image, sizes.clone()))
         except RuntimeError as error:
             if not is_out_of_memory(error):
