@@ -9,7 +9,7 @@ from predict_fixtures import members, one_thread, random_checkpoint, write_folde
 
 from srforge.cli import main_predict
 from srforge.predict.predictor import Predictor
-from srforge.predict.tta import mirror_within, tta_mode
+from srforge.tta import mirror_within, tta_mode
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -55,7 +55,7 @@ def int_at_least(minimum: int, also: tuple[str, ...] = ()):
 
 def add_tta(parser: argparse.ArgumentParser) -> None:
     """--tta none|flip, as srforge-predict and srforge-evaluate take it."""
-    from srforge.predict.tta import TTA_MODES
+    from srforge.tta import TTA_MODES
 
     parser.add_argument(
         "--tta",

@@ -3,7 +3,6 @@ folder or archive of scans, in stages, with a report).
 
     predictor    Predictor, Prediction: batched inference under a pixel budget, out-of-memory split and tiling
     tiling       tiles of a scan larger than the budget, stitched back
-    tta          test-time augmentation: probabilities averaged over mirror images, each within its scan
     pipeline     predict_archive: list, skip finished, share out, read, infer, write, report
     background   the read stage's decoding processes and the write stage's threads
     sharding     which process predicts which scans under torchrun (split_by_pixels)

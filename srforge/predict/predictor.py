@@ -34,10 +34,10 @@ from srforge.models.class_map import class_map
 from srforge.models.contract import check_attributes, with_sizes
 from srforge.predict.onnx_model import is_onnx_path
 from srforge.predict.tiling import predict_tiled, tile_grid, tile_shape
-from srforge.predict.tta import flip_probabilities, tta_mode
 from srforge.runtime.checkpoint import class_names_or_default, load_checkpoint, model_from_checkpoint
 from srforge.runtime.device import autocast, resolve_device
 from srforge.runtime.device_memory import cuda_pixel_budget, is_out_of_memory, processes_per_device
+from srforge.tta import flip_probabilities, tta_mode
 
 # Padded pixels per batch on the CPU: srforge.constants.CPU_PIXELS (a full-scale 640 x 6,400 scan fits; wider ones
 # are tiled). On CUDA the default comes from the device: its prediction share of the free memory over the model's
@@ -126,7 +126,7 @@ class Predictor:
     batches of at most CPU_BATCH_PIXELS, :func:`batch_pixels`). ``precision``: fp32,
     bf16 or fp16 (autocast). ``image_mode`` is the PIL mode scans are decoded to (default from the model's
     input channels: L, RGB or RGBA). A model whose forward takes the image alone is wrapped to take ``sizes``
-    (srforge.models.contract.with_sizes). ``tta``: None or "none", or "flip" (srforge.predict.tta: the softmax
+    (srforge.models.contract.with_sizes). ``tta``: None or "none", or "flip" (srforge.tta: the softmax
     probabilities averaged over the scan and its three mirror images, each mirrored within the scan's extent).
     """
 

@@ -8,7 +8,7 @@ gradients are averaged across ranks, takes one batch of this rank's unlabelled s
 
 1. the teacher (``trainer.averaged``, the EMA of the weights) predicts the padded batch at the scans' true sizes;
    with ``tta: flip``, its class probabilities are the mean over each scan and its three mirror images, each
-   mirrored within the scan's own extent (srforge.predict.tta, as predict.py's ``--tta flip``): a mark the teacher
+   mirrored within the scan's own extent (srforge.tta, as predict.py's ``--tta flip``): a mark the teacher
    makes in one orientation only is less often sure, at four teacher passes instead of one;
 2. :func:`pseudo_labels`: each pixel's most likely class where its probability is at least ``confidence`` (with
    ``balance``, at least its class's own threshold, the median of the batch's pixels of that class when lower),
@@ -57,6 +57,7 @@ from srforge.runtime import distributed
 from srforge.runtime.device import autocast
 from srforge.runtime.device_memory import is_out_of_memory
 from srforge.train.update import backward_or_none, each_part, no_sync, parts_of, scans_within
+from srforge.tta import flip_probabilities
 
 
 def teacher_guess(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,9 +68,7 @@ def teacher_guess(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def flip_guess(teacher, image: torch.Tensor, sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(probability float32 [B, H, W], class int64 [B, H, W]): the most likely class of ``teacher``'s softmax
     averaged over each scan of the padded ``image`` [B, C, H, W] and its mirror images within its true extent
-    (``sizes`` [B, 2]; srforge.predict.tta.flip_probabilities); padding's values are those of padding."""
-    from srforge.predict.tta import flip_probabilities  # prediction's package: only for a run that asks for it
-
+    (``sizes`` [B, 2]; srforge.tta.flip_probabilities); padding's values are those of padding."""
     return flip_probabilities(lambda view: teacher(view, sizes.clone()), image, sizes).max(dim=1)
 
 

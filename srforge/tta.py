@@ -1,4 +1,5 @@
-"""Test-time augmentation: class probabilities averaged over the scan and its mirror images.
+"""Test-time augmentation: class probabilities averaged over the scan and its mirror images (predict.py's and
+evaluate.py's ``--tta flip``, and self-training's flip teacher, ``train.self_training.tta``).
 
 ``flip`` averages the softmax probabilities of four views of every scan: as it is, mirrored left-right,
 upside-down, and both (nnU-Net mirrors by default; MMSegmentation's SegTTAModel). Each scan of a padded batch is
