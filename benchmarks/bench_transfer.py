@@ -20,8 +20,8 @@ With ``model.args.ink`` (srforge.models.ink: each scan as its darkness against i
 channel) the generator's model is trained alone, with the skeleton loss, with plain and class-balanced
 self-training, with class-balanced self-training and the skeleton loss, and with plain self-training and the
 skeleton loss (at full, half and double weight, with the teacher's confidence at 0.6-0.95, and with the flip
-teacher: ``tta: flip``, the mean of each scan's four mirror images); the renderer's
-own model is trained with it too, the fair baseline for those rows.
+teacher: ``tta: flip``, the mean of each scan's four mirror images, at self-training weight 1, 2 and 3); the
+renderer's own model is trained with it too, the fair baseline for those rows.
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
 (TOTEM #9) and 6038187_v1.2.las (Scorpio E1). TOTEM #9's first 60% of depths are written as a LAS file of their
@@ -248,9 +248,10 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
                 [INK, *learning_from(unlabelled[kind], confidence=confidence), skeleton])  # fmt: skip
         add(f"+ ink input, plain self-training with the flip teacher and skeleton loss ({where})",
             [INK, *learning_from(unlabelled[kind], tta="flip"), skeleton])  # fmt: skip
-        # the skeleton loss adds a labelled term that marks thin lines; a double unlabelled weight answers it
-        add(f"+ ink input, double-weight self-training with the flip teacher and skeleton loss ({where})",
-            [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0), skeleton])  # fmt: skip
+        # the skeleton loss adds a labelled term that marks thin lines; a larger unlabelled weight answers it
+        for times, weight in (("double", 2.0), ("triple", 3.0)):
+            add(f"+ ink input, {times}-weight self-training with the flip teacher and skeleton loss ({where})",
+                [INK, *learning_from(unlabelled[kind], tta="flip", weight=weight), skeleton])  # fmt: skip
     return rows
 
 
