@@ -122,7 +122,7 @@ def test_an_adapter_with_masked_norms_trains_under_torchrun(tmp_path):
     root = scan_folder(tmp_path / "data", n=6)
     config = _config_file(tmp_path / "cfg", tmp_path / "ddp", root, MODELS["smp_unet"][0])
     script = ROOT / "scripts" / "train.py"
-    done = torchrun_two(script, "--config", str(config), "data.batch_size=1", cwd=tmp_path, run_dir=tmp_path / "ddp")
+    done = torchrun_two(script, "--config", str(config), "data.batch_size=1", cwd=tmp_path, fresh=(tmp_path / "ddp",))
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     # only rank 0 writes, one row per epoch; both ranks take the same number of steps

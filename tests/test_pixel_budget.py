@@ -237,7 +237,7 @@ def test_two_ranks_agree_on_the_smallest_auto_budget_and_on_a_lowered_one(tmp_pa
         "model.base_channels=4",
         "train.epochs=2",
         cwd=ROOT,
-        run_dir=tmp_path / "ddp",
+        fresh=(tmp_path / "ddp",),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     # The two processes share the machine's RAM: 240 MB x 0.5 / 2 / 2,000 B = 30,000 px (rank 1's), not rank 0's

@@ -89,9 +89,10 @@ class Strict(torch.nn.Module):
     def __init__(self, fits: int | None = None):
         super().__init__()
         torch.manual_seed(3)
-        self.conv, self.fits = torch.nn.Conv2d(3, 2, 1), fits
+        self.conv, self.fits, self.calls = torch.nn.Conv2d(3, 2, 1), fits, 0
 
     def forward(self, image, sizes=None):
+        self.calls += 1
         if self.fits is not None and image.shape[0] > self.fits:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
         return self.conv(image.float() / 255)
@@ -126,11 +127,13 @@ def test_the_flip_teacher_averages_each_scans_mirror_images_within_its_extent():
 
 
 def unlabelled_step(
-    tmp_path, fits: int | None, balance: bool, student_fits: int | None = None, damaged=(), tta: str = "none"
-):
+    tmp_path, fits: int | None, balance: bool, student_fits: int | None = None, damaged=(), tta: str = "none",
+    teacher_calls: list | None = None,
+):  # fmt: skip
     """One SelfTraining.backward over a batch of 4 unlabelled scans (those in ``damaged`` cut short), teacher
-    Strict(fits) and student Strict(student_fits, default fits), the teacher's views ``tta``: the loss, the
-    student's gradients and the pending sums (loss, batches, confident, real pixels)."""
+    Strict(fits) and student Strict(student_fits, default fits), train.self_training's ``tta``: the loss, the
+    student's gradients and the pending sums (loss, batches, confident, real pixels); the teacher's forward calls
+    are appended to ``teacher_calls``."""
     from types import SimpleNamespace
 
     folder = unlabelled_folder(tmp_path, n=4)
@@ -144,8 +147,11 @@ def unlabelled_step(
         device=torch.device("cpu"), settings=settings, averaged=teacher, net=net, num_classes=2, step=0,
         params=list(net.parameters()), scaler=torch.amp.GradScaler("cpu", enabled=False),
     )  # fmt: skip
-    self_training = SelfTraining(stream, confidence=0.5, balance=balance, tta=tta)
+    spec = {"confidence": 0.5, "balance": balance, "tta": tta, "augment": None}
+    self_training = SelfTraining.from_config(spec, stream, ignore_index=255, seed=0)
     loss = self_training.backward(trainer)
+    if teacher_calls is not None:
+        teacher_calls.append(teacher.calls)
     return loss, [None if p.grad is None else p.grad.clone() for p in net.parameters()], self_training.pending
 
 
@@ -161,11 +167,15 @@ def test_an_unlabelled_batch_out_of_memory_is_redone_in_parts_to_the_same_loss_a
 def test_a_flip_teacher_that_is_a_per_pixel_classifier_teaches_what_it_teaches_unflipped(tmp_path):
     """Strict classifies each pixel alone, so its mirror images give each pixel the same probabilities: the flip
     teacher's loss and gradients are the plain teacher's, whole or in parts (the four views mirror back exactly)."""
-    plain, grads, _ = unlabelled_step(tmp_path / "plain", None, balance=False)
+    calls = []
+    plain, grads, _ = unlabelled_step(tmp_path / "plain", None, balance=False, teacher_calls=calls)
     for fits, name in ((None, "whole"), (1, "parts")):
-        flipped, flip_grads, _ = unlabelled_step(tmp_path / name, fits, balance=False, tta="flip")
+        flipped, flip_grads, _ = unlabelled_step(tmp_path / name, fits, balance=False, tta="flip", teacher_calls=calls)
         assert plain > 0 and torch.allclose(flipped, plain, rtol=1e-5, atol=1e-7)
         assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(grads, flip_grads))
+    # the flip teacher sees four views of each part: the batch of 4 whole; in parts, the batch and its two halves
+    # each fail at their first view, then its 4 quarters take 4 views each
+    assert calls == [1, 4, 1 + 2 + 4 * 4]
 
 
 def test_a_scan_the_teacher_cannot_hold_alone_skips_the_unlabelled_batch_and_says_so(tmp_path, capsys):

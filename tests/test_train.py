@@ -138,11 +138,11 @@ def _overrides(tmp_path, epochs=4):
 NATIVE_ABORT = "terminate called without an active exception"
 
 
-def torchrun_two(script, *args: str, cwd, run_dir: Path, **env: str) -> subprocess.CompletedProcess:
+def torchrun_two(script, *args: str, cwd, fresh: tuple[Path, ...], **env: str) -> subprocess.CompletedProcess:
     """``script args`` in 2 processes under torchrun (gloo on the CPU), one thread each, srforge importable; Python's
-    stacks are dumped on a fatal signal (faulthandler) so that a crash says where it was. ``run_dir`` is the run's
-    folder: the one retry after a native abort starts it afresh, since an abort at teardown leaves a finished run
-    there that train.py (rightly) refuses to replace."""
+    stacks are dumped on a fatal signal (faulthandler) so that a crash says where it was. ``fresh``: the folders the
+    run writes (its run folder, data it generates); the one retry after a native abort removes them first, since an
+    abort at teardown leaves a finished run there that train.py (rightly) refuses to replace."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", **env}
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
@@ -150,7 +150,8 @@ def torchrun_two(script, *args: str, cwd, run_dir: Path, **env: str) -> subproce
         done.stderr.split(NATIVE_ABORT)[0]
     ):
         print(f"torchrun_two: a native abort ({NATIVE_ABORT}); running once more. Its stderr:\n{done.stderr[-4000:]}")
-        shutil.rmtree(run_dir, ignore_errors=True)
+        for folder in fresh:
+            shutil.rmtree(folder, ignore_errors=True)
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
     return done
 
@@ -159,7 +160,7 @@ def torchrun_custom_dataset(run_dir: Path, *overrides: str) -> subprocess.Comple
     """scripts/train.py on configs/custom_dataset.yaml in 2 processes: 10 scans in batches of 2, base 4, 2 epochs."""
     common = ["data.dataset.args.n=10", "data.batch_size=2", "model.base_channels=4", "train.epochs=2"]
     config = ["--config", str(ROOT / "configs" / "custom_dataset.yaml"), f"run.dir={run_dir}"]
-    return torchrun_two(ROOT / "scripts" / "train.py", *config, *common, *overrides, cwd=ROOT, run_dir=run_dir)
+    return torchrun_two(ROOT / "scripts" / "train.py", *config, *common, *overrides, cwd=ROOT, fresh=(run_dir,))
 
 
 @pytest.mark.slow
@@ -210,7 +211,7 @@ def test_ddp_survives_data_generation_longer_than_the_collective_timeout(tmp_pat
         "data.batch_size=2",
         "train.dist_timeout_s=10",
         cwd=tmp_path,
-        run_dir=tmp_path / "run",
+        fresh=(tmp_path / "run", tmp_path / "scans"),  # a retry generates the scans again, as the test expects
         SRFORGE_TEST_GENERATION_DELAY_S="14",
     )
     assert done.returncode == 0, done.stderr[-3000:]

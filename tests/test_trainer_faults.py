@@ -334,7 +334,7 @@ def test_a_lost_torchrun_peer_is_a_message_with_how_to_resume_not_a_traceback(tm
     script.write_text(PEER_GONE)
     args = ["--config", str(ROOT / "configs" / "custom_dataset.yaml"), f"run.dir={tmp_path / 'ddp'}",
             "data.dataset.args.n=12", "data.batch_size=2", "model.base_channels=4", "train.epochs=2"]  # fmt: skip
-    done = torchrun_two(script, *args, cwd=ROOT, run_dir=tmp_path / "ddp")
+    done = torchrun_two(script, *args, cwd=ROOT, fresh=(tmp_path / "ddp",))
     assert done.returncode != 0
     said = done.stdout + done.stderr
     assert "another process of this torchrun job stopped ([gloo/transport/tcp/pair.cc:534] Connection reset" in said
