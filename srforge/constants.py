@@ -22,6 +22,10 @@ UNET_KEYS = ("base_channels", "depth", "max_channels", "padding_aware")
 # What model.norm may do to a model's normalisation layers (srforge.models.norms.apply_norm).
 NORMS = ("keep", "group", "frozen", "masked")
 
+# Test-time augmentation of a prediction (predict.py's and evaluate.py's --tta) and of self-training's teacher
+# (train.self_training.tta): none, or the mean of each scan and its three mirror images (srforge.tta).
+TTA_MODES = ("none", "flip")
+
 # What model.weights may load into (model.weights_into): the whole model, or its encoder attribute.
 WEIGHTS_INTO = ("model", "encoder")
 

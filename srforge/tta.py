@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 import torch
 
-TTA_MODES = ("none", "flip")
+from srforge.constants import TTA_MODES
+
 # The views of ``flip``: the mirrored spatial dims of each (-1: left-right, -2: upside-down).
 FLIP_VIEWS: tuple[tuple[int, ...], ...] = ((), (-1,), (-2,), (-2, -1))
 

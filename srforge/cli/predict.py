@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from srforge.cli.errors import INTERRUPTED, RUN_FAILED, fail
-from srforge.constants import PRECISIONS
+from srforge.constants import PRECISIONS, TTA_MODES
 
 PROG = "srforge-predict"
 
@@ -55,8 +55,6 @@ def int_at_least(minimum: int, also: tuple[str, ...] = ()):
 
 def add_tta(parser: argparse.ArgumentParser) -> None:
     """--tta none|flip, as srforge-predict and srforge-evaluate take it."""
-    from srforge.tta import TTA_MODES
-
     parser.add_argument(
         "--tta",
         choices=TTA_MODES,

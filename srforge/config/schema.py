@@ -18,6 +18,7 @@ from srforge.constants import (
     MAX_DEPTH,
     NORMS,
     PRECISIONS,
+    TTA_MODES,
     UNET_CLASS,
     UNET_CLASSES,
     UNET_KEYS,
@@ -143,7 +144,7 @@ def self_training_spec(value: Any, path: str) -> None:
     for flag in ("balance", "mix"):
         if not isinstance(value.get(flag, False), bool):
             raise ConfigError(f"{path}.{flag}: expected true or false, found {value[flag]!r}.")
-    if value.get("tta", "none") not in ("none", "flip"):
+    if value.get("tta", "none") not in TTA_MODES:
         raise ConfigError(
             f"{path}.tta: expected none (the teacher sees each scan once) or flip (it averages the scan and its "
             f"three mirror images), found {value['tta']!r}."

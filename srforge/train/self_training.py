@@ -57,7 +57,7 @@ from srforge.runtime import distributed
 from srforge.runtime.device import autocast
 from srforge.runtime.device_memory import is_out_of_memory
 from srforge.train.update import backward_or_none, each_part, no_sync, parts_of, scans_within
-from srforge.tta import flip_probabilities
+from srforge.tta import flip_probabilities, tta_mode
 
 
 def teacher_guess(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,9 +163,7 @@ class SelfTraining:
         seed: int = 0,
     ):
         self.stream, self.weight, self.confidence, self.balance = stream, float(weight), float(confidence), balance
-        if tta not in ("none", "flip"):
-            raise ValueError(f"train.self_training.tta: expected none or flip, found {tta!r}")
-        self.tta = tta
+        self.tta = tta_mode(tta)  # None or "flip"
         self.mix, self.labelled = mix, None
         self.teacher_pixels: int | None = None  # the largest unlabelled part tried since one ran out of memory
         self.student_pixels: int | None = None
