@@ -252,6 +252,14 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
         for times, weight in (("double", 2.0), ("triple", 3.0)):
             add(f"+ ink input, {times}-weight self-training with the flip teacher and skeleton loss ({where})",
                 [INK, *learning_from(unlabelled[kind], tta="flip", weight=weight), skeleton])  # fmt: skip
+        # rounds (Noisy Student): the last round's model, fixed, teaches a fresh student from epoch 1; the first round
+        # is the double-weight row
+        teacher = rows[-2]["name"]
+        for round_ in ("second", "third"):
+            add(f"+ ink input, {round_} round of self-training at double weight with the flip teacher and skeleton "
+                f"loss ({where})", [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1),
+                                    skeleton])
+            rows[-1]["teacher"], teacher = teacher, rows[-1]["name"]  # fmt: skip
     return rows
 
 
@@ -314,25 +322,55 @@ def srforge_scans(root: Path, setting: Setting, seed: int, extra: list[str], n: 
     return root
 
 
+def slug(name: str) -> str:
+    """A variant's name as a folder name."""
+    words = (word.strip(",()+'").replace("'", "").replace(":", "") for word in name.split())
+    return "_".join(word for word in words if word)
+
+
+def run_key(setting: Setting, seed: int) -> str:
+    return f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}_e{setting.epochs}_d{setting.depth}"
+
+
+def with_teachers(chosen: list[dict], every: list[dict]) -> list[dict]:
+    """``chosen``, each variant taught by another's model (``teacher``: that variant's name) after that variant, and
+    after its teacher's teacher, chosen or not: a teacher's best.pt must come from this run, before its student."""
+    named = {v["name"]: v for v in every}
+    out: list[dict] = []
+
+    def place(variant: dict) -> None:
+        if any(v["name"] == variant["name"] for v in out):
+            return
+        if variant.get("teacher"):
+            place(named[variant["teacher"]])
+        out.append(variant)
+
+    for variant in chosen:
+        place(variant)
+    return out
+
+
 def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_train: Path, reuse: bool):
     """Train ``variant`` for ``seed``; (its best.pt, seconds of training, generation included). srforge's data
     is generated afresh; with ``reuse``, a model trained on the renderer's scans by an earlier run of the same
-    renderer, setting and seed is kept (its seconds are that run's)."""
-    words = (word.strip(",()+'").replace("'", "") for word in variant["name"].split())
-    slug = "_".join(word for word in words if word)
-    key = f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}_e{setting.epochs}_d{setting.depth}"
+    renderer, setting and seed is kept (its seconds are that run's). A variant with a ``teacher`` learns from that
+    variant's best.pt of the same seed (train.self_training.teacher), trained before it (:func:`with_teachers`)."""
+    key = run_key(setting, seed)
     renderer = f"renderer_{renderer_version()}{'_ink' if INK in variant['overrides'] else ''}_{key}"
-    run_dir = work / "runs" / (f"{slug}_{key}" if variant["kind"] == "srforge" else renderer)
+    run_dir = work / "runs" / (f"{slug(variant['name'])}_{key}" if variant["kind"] == "srforge" else renderer)
     done = run_dir / "bench_transfer_seconds.json"
     if reuse and variant["kind"] == "renderer" and done.is_file() and (run_dir / "best.pt").is_file():
         return run_dir / "best.pt", json.loads(done.read_text())["seconds"]
     overrides = base_overrides(setting, seed, run_dir)
     if variant["kind"] == "srforge":
-        data = work / "srforge_train" / f"{slug}_{key}"
+        data = work / "srforge_train" / f"{slug(variant['name'])}_{key}"
         shutil.rmtree(data, ignore_errors=True)  # the generator may have changed since an earlier run
         overrides += [f"data.synthetic.root={data}", f"data.dataset.args.root={data}", *variant["overrides"]]
     else:
         overrides += ["data.synthetic.root=null", f"data.dataset.args.root={own_train}", *variant["overrides"]]
+    if variant.get("teacher"):
+        teacher = work / "runs" / f"{slug(variant['teacher'])}_{key}" / "best.pt"
+        overrides.append(f"train.self_training.teacher={teacher}")
     cfg = load_config(CONFIG, overrides)
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -506,6 +544,7 @@ def run(args, setting: Setting, las: dict) -> int:
     }
     every = variants(las["train"], unlabelled, setting.epochs)
     chosen = [v for v in every if not args.variants or any(w.lower() in v["name"].lower() for w in args.variants)]
+    chosen = with_teachers(chosen, every)
     skipped = [v for v in chosen if v["missing"]]
     chosen = [v for v in chosen if not v["missing"]]
     sets["srforge_held_out"] = srforge_scans(

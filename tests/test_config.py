@@ -75,6 +75,15 @@ def test_overrides_are_yaml_scalars_and_reach_free_form_args():
     assert cfg["data"]["max_pixels"] == 1000
 
 
+def test_an_override_inside_a_mapping_or_null_key_keeps_the_mappings_other_entries():
+    user = {"train": {"ema": 0.9, "self_training": {"weight": 2.0, "confidence": 0.8}}, "data": {"unlabelled": "/u"}}
+    cfg = resolve(user, ["train.self_training.tta=flip", "train.early_stop.patience=4"])
+    assert cfg["train"]["self_training"] == {"weight": 2.0, "confidence": 0.8, "tta": "flip"}
+    assert cfg["train"]["early_stop"] == {"patience": 4}  # null before: the mapping is that one entry
+    with pytest.raises(ConfigError, match="Override 'train.self_training.wieght=1': .*unknown key 'wieght'"):
+        resolve(user, ["train.self_training.wieght=1"])
+
+
 def test_unknown_key_names_the_closest_valid_key():
     with pytest.raises(ConfigError, match=r"Unknown config key 'train.lr_'.*Did you mean 'train.lr'"):
         resolve({"train": {"lr_": 0.1}})

@@ -2,6 +2,7 @@
 unlabelled stream (hostile members refused, ranks disjoint, its position resumed exactly), the config's refusals, and
 runs that learn from it, stopped and resumed to the same bits."""
 
+import hashlib
 import json
 import math
 import zipfile
@@ -16,7 +17,7 @@ from test_train import TinyStrips, tiny_config, torchrun_custom_dataset  # noqa:
 from srforge.config import ConfigError, resolve
 from srforge.data import DataError
 from srforge.data.unlabelled import UnlabelledScans, UnlabelledStream
-from srforge.runtime.checkpoint import load_checkpoint
+from srforge.runtime.checkpoint import load_checkpoint, save_checkpoint
 from srforge.train import train
 from srforge.train.self_training import SelfTraining, class_mix, confident_labels, flip_guess, pseudo_labels
 
@@ -34,9 +35,10 @@ def unlabelled_folder(root: Path, n: int = 7) -> Path:
 
 
 def self_training_config(run_dir: Path, unlabelled, self_training: dict | None = None, **train_keys):
-    """tiny_config over 3 epochs with train.ema 0.9, learning from ``unlabelled`` (train.self_training: a weight of 1,
-    confidence 0.6, flips and brightness for the student, updated by ``self_training``)."""
-    cfg = tiny_config(run_dir, ema=0.9, epochs=3, **train_keys).to_dict()
+    """tiny_config over 3 epochs with train.ema 0.9 (unless ``train_keys`` say otherwise), learning from
+    ``unlabelled`` (train.self_training: a weight of 1, confidence 0.6, flips and brightness for the student, updated
+    by ``self_training``)."""
+    cfg = tiny_config(run_dir, **{"ema": 0.9, "epochs": 3, **train_keys}).to_dict()
     spec = {"weight": 1.0, "confidence": 0.6, "augment": {"hflip": 0.5, "color_jitter": {"brightness": 0.2}}}
     cfg["train"]["self_training"] = {**spec, **(self_training or {})}
     cfg["data"]["unlabelled"] = str(unlabelled)
@@ -128,12 +130,13 @@ def test_the_flip_teacher_averages_each_scans_mirror_images_within_its_extent():
 
 def unlabelled_step(
     tmp_path, fits: int | None, balance: bool, student_fits: int | None = None, damaged=(), tta: str = "none",
-    teacher_calls: list | None = None,
+    teacher_calls: list | None = None, fixed: bool = False,
 ):  # fmt: skip
     """One SelfTraining.backward over a batch of 4 unlabelled scans (those in ``damaged`` cut short), teacher
     Strict(fits) and student Strict(student_fits, default fits), train.self_training's ``tta``: the loss, the
     student's gradients and the pending sums (loss, batches, confident, real pixels); the teacher's forward calls
-    are appended to ``teacher_calls``."""
+    are appended to ``teacher_calls``. ``fixed``: the teacher is SelfTraining's own (train.self_training.teacher)
+    and the trainer's EMA one a model that fails when called."""
     from types import SimpleNamespace
 
     folder = unlabelled_folder(tmp_path, n=4)
@@ -143,12 +146,14 @@ def unlabelled_step(
     net, teacher = Strict(fits if student_fits is None else student_fits), Strict(fits)
     teacher.conv.weight.data += 0.5  # a teacher unlike its student: the loss is not 0
     settings = SimpleNamespace(precision="fp32", channels_last=False)
+    averaged = Strict(0) if fixed else teacher  # Strict(0) holds no scan: a call is out of memory, said
     trainer = SimpleNamespace(
-        device=torch.device("cpu"), settings=settings, averaged=teacher, net=net, num_classes=2, step=0,
+        device=torch.device("cpu"), settings=settings, averaged=averaged, net=net, num_classes=2, step=0,
         params=list(net.parameters()), scaler=torch.amp.GradScaler("cpu", enabled=False),
     )  # fmt: skip
-    spec = {"confidence": 0.5, "balance": balance, "tta": tta, "augment": None}
-    self_training = SelfTraining.from_config(spec, stream, ignore_index=255, seed=0)
+    spec = {"confidence": 0.5, "balance": balance, "tta": tta, "augment": None, "teacher": "t.pt" if fixed else None}
+    own = (teacher, "digest") if fixed else None
+    self_training = SelfTraining.from_config(spec, stream, ignore_index=255, seed=0, teacher=own)
     loss = self_training.backward(trainer)
     if teacher_calls is not None:
         teacher_calls.append(teacher.calls)
@@ -176,6 +181,14 @@ def test_a_flip_teacher_that_is_a_per_pixel_classifier_teaches_what_it_teaches_u
     # the flip teacher sees four views of each part: the batch of 4 whole; in parts, the batch and its two halves
     # each fail at their first view, then its 4 quarters take 4 views each
     assert calls == [1, 4, 1 + 2 + 4 * 4]
+
+
+def test_a_fixed_teacher_labels_the_unlabelled_scans_in_place_of_the_ema(tmp_path, capsys):
+    calls = []
+    ema, grads, _ = unlabelled_step(tmp_path / "ema", None, balance=False, teacher_calls=calls)
+    fixed, fixed_grads, _ = unlabelled_step(tmp_path / "fixed", None, balance=False, teacher_calls=calls, fixed=True)
+    assert ema > 0 and torch.equal(fixed, ema) and all(torch.equal(a, b) for a, b in zip(grads, fixed_grads))
+    assert calls == [1, 1] and "does not fit the teacher" not in capsys.readouterr().out  # the EMA never called
 
 
 def test_a_scan_the_teacher_cannot_hold_alone_skips_the_unlabelled_batch_and_says_so(tmp_path, capsys):
@@ -384,6 +397,7 @@ def test_scans_larger_than_the_budget_alone_are_left_out_and_named(tmp_path):
         ({"self_training": {"wieght": 1}}, "train.self_training: unknown key 'wieght'"),
         ({"self_training": {"mix": "yes"}}, "train.self_training.mix: expected true or false, found 'yes'"),
         ({"self_training": {"tta": "mirror"}}, "train.self_training.tta: expected none (the teacher sees each scan"),
+        ({"self_training": {"teacher": 5}}, "train.self_training.teacher: expected null (the teacher is the EMA"),
     ],
 )
 def test_self_training_without_its_parts_is_a_config_error(tmp_path, change, expected):
@@ -444,6 +458,63 @@ def test_a_run_interrupted_while_the_teacher_labels_resumes_to_the_same_bits(tmp
     plain = train(tiny_config(tmp_path / "plain", ema=0.9, epochs=3))
     c = load_checkpoint(Path(plain["run_dir"]) / "last.pt")
     assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
+
+
+def test_a_fixed_teacher_needs_no_ema_and_a_resume_keeps_it_or_refuses(tmp_path, monkeypatch):
+    """A first run's best.pt teaches a second run without train.ema from epoch 1; the second run, cut while its
+    teacher labels and resumed, ends in the bits of the run that went straight through, and a resume whose teacher
+    file is another one is refused before anything trains."""
+    import srforge.train.self_training as self_training
+
+    folder = unlabelled_folder(tmp_path / "scans")
+    train(tiny_config(tmp_path / "first", epochs=1))
+    teacher = tmp_path / "first" / "best.pt"
+    second = lambda run: self_training_config(run, folder, {"teacher": str(teacher)}, ema=None, epochs=2)  # noqa: E731
+    train(second(tmp_path / "straight"))
+    straight = load_checkpoint(tmp_path / "straight" / "last.pt")
+    assert straight["unlabelled"]["teacher"] == hashlib.sha256(teacher.read_bytes()).hexdigest()
+    rows = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["unlabelled_loss"] > 0 for r in rows)  # from epoch 1: the teacher has learned already
+    real, calls = self_training.confident_labels, []
+
+    def interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:  # epoch 2, its second update
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(self_training, "confident_labels", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(second(tmp_path / "cut"))
+    monkeypatch.setattr(self_training, "confident_labels", real)
+    other = tmp_path / "other.pt"
+    other.write_bytes(teacher.read_bytes())
+    save_checkpoint({**load_checkpoint(other), "epoch": 7}, other)  # the same weights, another file
+    cfg = self_training_config(tmp_path / "cut", folder, {"teacher": str(other)}, ema=None, epochs=2)
+    with pytest.raises(ConfigError, match=r"--resume: this run's teacher was a checkpoint with sha256 [0-9a-f]{64}"):
+        train(cfg, resume=tmp_path / "cut")
+    train(second(tmp_path / "cut"), resume=tmp_path / "cut")
+    cut = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert cut["unlabelled"] == straight["unlabelled"]
+    assert all(torch.equal(straight["model"][k], cut["model"][k]) for k in straight["model"])
+
+
+def test_a_teacher_that_does_not_fit_the_run_is_a_config_error_naming_it(tmp_path):
+    folder = unlabelled_folder(tmp_path / "scans")
+    train(tiny_config(tmp_path / "first", epochs=1))
+    best = load_checkpoint(tmp_path / "first" / "best.pt")
+    cases = {
+        "missing.pt": (None, "Checkpoint not found: .*missing.pt; give an srforge checkpoint"),
+        "names.pt": ({**best, "class_names": ["paper", "pencil"]}, "class_names .'paper', 'pencil'., and this run's"),
+        "gray.pt": ({**best, "image_mode": "L"}, "image_mode L, and this run's RGB"),
+        "foreign.pt": ({**best, "model_class": "elsewhere.models:Net"}, "neither srforge's own nor this run's"),
+    }
+    for name, (ckpt, expected) in cases.items():
+        if ckpt is not None:
+            save_checkpoint(ckpt, tmp_path / name)
+        cfg = self_training_config(tmp_path / name.replace(".pt", ""), folder, {"teacher": str(tmp_path / name)})
+        with pytest.raises(ConfigError, match=rf"train\.self_training\.teacher: .*{expected}"):
+            train(cfg)
 
 
 @pytest.mark.slow

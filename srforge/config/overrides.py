@@ -48,8 +48,10 @@ def nest(path: str, value: Any) -> dict:
 
 
 def set_free_form(cfg: Section, path: str, value: Any) -> bool:
-    """Set ``path`` when it reaches inside a free-form mapping (``data.dataset.args.root=...``), creating the
-    mappings on the way; False when ``path`` is no such path (the caller merges it as a key of the schema)."""
+    """Set ``path`` when it reaches inside a key whose value is a mapping (``data.dataset.args.root=...``,
+    ``train.self_training.tta=flip``), creating the mappings on the way (a null one too: the key is then that one
+    entry), so that the mapping's other entries stay; False when ``path`` is no such path (the caller merges it as a
+    key of the schema)."""
     parts = path.split(".")
     node: Any = cfg
     for i, part in enumerate(parts):
@@ -57,8 +59,10 @@ def set_free_form(cfg: Section, path: str, value: Any) -> bool:
         if field is None:
             return False
         if isinstance(field, Key):
-            if not field.free_form or i == len(parts) - 1:
+            if dict not in field.types or i == len(parts) - 1:
                 return False
+            if node[part] is None:
+                node[part] = {}
             target = node[part]
             for depth, inner in enumerate(parts[i + 1 : -1], start=i + 1):
                 target = target.setdefault(inner, {})

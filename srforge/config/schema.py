@@ -107,20 +107,21 @@ def unlabelled_paths(value: Any, path: str) -> None:
 
 SELF_TRAINING = {
     "weight": 1.0, "confidence": 0.9, "start_epoch": 1, "augment": {"hflip": 0.5}, "balance": False, "mix": False,
-    "tta": "none",
+    "tta": "none", "teacher": None,
 }  # fmt: skip
 
 
 def self_training_spec(value: Any, path: str) -> None:
     """null, or a mapping of SELF_TRAINING's keys (each optional): weight > 0, confidence in [0, 1), start_epoch
     >= 1, augment a recipe of data.augment's keys without ``scale`` (a student's view keeps the teacher's size),
-    balance and mix true or false, tta "none" or "flip" (the teacher's views, as predict.py's --tta)."""
+    balance and mix true or false, tta "none" or "flip" (the teacher's views, as predict.py's --tta), teacher null
+    (the EMA of the weights) or a checkpoint's path (a fixed teacher: an earlier run's model)."""
     if value is None:
         return
     if not isinstance(value, Mapping):
         raise ConfigError(
-            f"{path}: expected {{weight, confidence, start_epoch, augment, balance, mix, tta}} or null, found "
-            f"{value!r}."
+            f"{path}: expected {{weight, confidence, start_epoch, augment, balance, mix, tta, teacher}} or null, "
+            f"found {value!r}."
         )
     unknown = sorted(set(value) - set(SELF_TRAINING))
     if unknown:
@@ -148,6 +149,12 @@ def self_training_spec(value: Any, path: str) -> None:
         raise ConfigError(
             f"{path}.tta: expected none (the teacher sees each scan once) or flip (it averages the scan and its "
             f"three mirror images), found {value['tta']!r}."
+        )
+    teacher = value.get("teacher")
+    if teacher is not None and not (isinstance(teacher, str) and teacher.strip()):
+        raise ConfigError(
+            f"{path}.teacher: expected null (the teacher is the EMA of the weights, train.ema) or the path of an "
+            f"srforge checkpoint (e.g. an earlier run's best.pt), found {teacher!r}."
         )
 
 
@@ -405,8 +412,9 @@ class TrainSection(Section, path="train"):
     )
     self_training: dict | None = key(
         None,
-        "{weight, confidence, start_epoch, augment, balance, mix, tta}: learn from data.unlabelled's scans through "
-        "the EMA teacher's confident predictions (needs train.ema and data.unlabelled); null: off",
+        "{weight, confidence, start_epoch, augment, balance, mix, tta, teacher}: learn from data.unlabelled's scans "
+        "through the teacher's confident predictions, the EMA of the weights (train.ema) or teacher's checkpoint "
+        "(needs data.unlabelled); null: off",
         rule=self_training_spec,
     )
     hooks: list = key(
@@ -493,7 +501,8 @@ def unet_keys_for_the_unet(cfg: Config) -> None:
 
 
 def self_training_needs_its_parts(cfg: Config) -> None:
-    """train.self_training learns from data.unlabelled through train.ema's teacher: each needs the others."""
+    """train.self_training learns from data.unlabelled through a teacher, train.ema's unless it names a checkpoint
+    of its own: each needs the others."""
     spec, scans, ema = cfg.train.self_training, cfg.data.unlabelled, cfg.train.ema
     if spec is not None and scans is None:
         raise ConfigError(
@@ -501,10 +510,11 @@ def self_training_needs_its_parts(cfg: Config) -> None:
             ".zip or .tar of scans without masks), or set train.self_training=null.",
             keys=("train.self_training", "data.unlabelled"),
         )
-    if spec is not None and ema is None:
+    if spec is not None and ema is None and spec.get("teacher") is None:
         raise ConfigError(
             "train.self_training: the teacher is the EMA of the weights, but train.ema is null; set train.ema "
-            "(e.g. 0.99), or train.self_training=null.",
+            "(e.g. 0.99), give train.self_training.teacher a checkpoint (an earlier run's best.pt), or set "
+            "train.self_training=null.",
             keys=("train.self_training", "train.ema"),
         )
     if scans is not None and spec is None:

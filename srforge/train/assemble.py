@@ -60,9 +60,6 @@ def trainer_parts(cfg: Config, processes: Processes, run_dir: Path, ckpt: dict |
         channels_last=layout, tubes=data.train.tubes,
     )  # fmt: skip
     budget = PixelBudget(pixels, loaders.sampler)
-    self_training = build_self_training(
-        cfg, data, divisor=model.size_divisor, processes=processes, device=device, max_pixels=pixels
-    )
     if ckpt is not None:
         budget.load_state_dict(ckpt.get("memory"))
     optimizer, scheduler, scaler = build_optimization(
@@ -75,6 +72,9 @@ def trainer_parts(cfg: Config, processes: Processes, run_dir: Path, ckpt: dict |
         "class_names": class_names_or_default(cfg.model.class_names, k),
         "image_mode": getattr(data.train.dataset, "image_mode", "RGB"), "config": cfg.to_dict(),
     }  # fmt: skip
+    self_training = build_self_training(
+        cfg, data, model=model, facts=facts, processes=processes, device=device, max_pixels=pixels
+    )
     return {
         "model": model, "train_loader": loaders, "val_loader": loaders.val, "optimizer": optimizer,
         "scheduler": scheduler, "scaler": scaler, "loss": loss, "hooks": config_hooks(tcfg, model),

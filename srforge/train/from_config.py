@@ -41,7 +41,7 @@ from srforge.models.create import create_model
 from srforge.models.weights import WeightsFile
 from srforge.runtime.device import cpu_has_native_bf16, resolve_device
 from srforge.runtime.distributed import Processes, environment
-from srforge.train.self_training import SelfTraining
+from srforge.train.self_training import SelfTraining, load_teacher
 
 # The keys srforge's UNet is built with; any other model.class takes the first two and model.args.
 MODEL_ARGS = ("in_channels", "num_classes", *UNET_KEYS)
@@ -350,14 +350,25 @@ def build_loaders(
 
 
 def build_self_training(
-    cfg: Config, data: Data, *, divisor: int, processes: Processes, device: torch.device, max_pixels: int | None
+    cfg: Config, data: Data, *, model: torch.nn.Module, facts: dict, processes: Processes, device: torch.device,
+    max_pixels: int | None,
 ) -> SelfTraining | None:
     """train.self_training over data.unlabelled's scans (None when off): their stream batched like the labelled
     scans (``max_pixels``, the resolved budget, or data.batch_size), read through data.cache in the training
-    view's image mode, dealt to ranks; members refused are said once (main process), as predict.py lists them."""
+    view's image mode, dealt to ranks; members refused are said once (main process), as predict.py lists them.
+    Its ``teacher`` checkpoint, if any, is loaded onto ``device``, checked against ``model`` and the run's
+    ``facts`` (:func:`srforge.train.self_training.load_teacher`)."""
     dcfg, spec = cfg.data, cfg.train.self_training
     if spec is None:
         return None
+    teacher = None
+    if spec.get("teacher") is not None:
+        loaded, digest = load_teacher(spec["teacher"], facts, model)
+        layout = torch.channels_last if cfg.train.channels_last else torch.contiguous_format
+        teacher = (loaded.to(device, memory_format=layout), digest)
+        if processes.main:
+            print(f"srforge: self-training's teacher: {spec['teacher']} (fixed; sha256 {digest[:12]})")
+    divisor = model.size_divisor
     paths = [dcfg.unlabelled] if isinstance(dcfg.unlabelled, str) else list(dcfg.unlabelled)
     scans = UnlabelledScans(paths, cache=data.train.cache, image_mode=getattr(data.train.dataset, "image_mode", "RGB"))
     budget = batch_budget(dcfg, max_pixels)
@@ -374,7 +385,7 @@ def build_self_training(
         num_replicas=processes.world, rank=processes.rank, num_workers=dcfg.num_workers,
         pin_memory=device.type == "cuda", channels_last=cfg.train.channels_last,
     )  # fmt: skip
-    return SelfTraining.from_config(spec, stream, ignore_index=dcfg.ignore_index, seed=cfg.run.seed)
+    return SelfTraining.from_config(spec, stream, ignore_index=dcfg.ignore_index, seed=cfg.run.seed, teacher=teacher)
 
 
 def wrap_for_training(model: torch.nn.Module, *, compile: bool, world: int, device: torch.device) -> torch.nn.Module:

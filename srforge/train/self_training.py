@@ -6,7 +6,8 @@ Each optimizer update, after its labelled batches' backward (and their valid-pix
 gradients are averaged across ranks, takes one batch of this rank's unlabelled stream
 (:class:`srforge.data.unlabelled.UnlabelledStream`):
 
-1. the teacher (``trainer.averaged``, the EMA of the weights) predicts the padded batch at the scans' true sizes;
+1. the teacher (``trainer.averaged``, the EMA of the weights; with ``teacher``, the fixed model of that checkpoint,
+   :func:`load_teacher`) predicts the padded batch at the scans' true sizes;
    with ``tta: flip``, its class probabilities are the mean over each scan and its three mirror images, each
    mirrored within the scan's own extent (srforge.tta, as predict.py's ``--tta flip``): a mark the teacher
    makes in one orientation only is less often sure, at four teacher passes instead of one;
@@ -35,25 +36,32 @@ decodes teaches nothing either. Every update takes exactly one batch on every ra
 their streams (the checkpoint keeps rank 0's) stay alike. The stream's batches stay cut by the budget the run
 started with.
 
-It starts at ``start_epoch`` (1-based), so that the teacher has learned something from the labelled scans first.
+It starts at ``start_epoch`` (1-based), so that the teacher has learned something from the labelled scans first. A
+fixed teacher has learned already: an earlier run's model (a first round of self-training, or the model a user
+trained on synthetic scans) labels the archive for a fresh student from epoch 1 (Noisy Student, Xie et al., CVPR
+2020, trains each round's student afresh on its teacher's labels), and train.ema is then optional.
 The update's row sums (loss, batches, confident pixels, real pixels) become the metrics row's ``unlabelled_loss``
 (mean over the epoch's updates) and ``confident_share`` (confident pixels over the scans' real pixels).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from srforge.config import ConfigError
 from srforge.config.schema import SELF_TRAINING
-from srforge.constants import IGNORE_INDEX
+from srforge.constants import IGNORE_INDEX, UNET_CLASS
 from srforge.data.crop import sample_seed
 from srforge.data.unlabelled import STREAM_SEED, UnlabelledStream
 from srforge.geometry import valid_mask
+from srforge.models.create import is_srforge_path
 from srforge.runtime import distributed
+from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint
 from srforge.runtime.device import autocast
 from srforge.runtime.device_memory import is_out_of_memory
 from srforge.train.update import backward_or_none, each_part, no_sync, parts_of, scans_within
@@ -143,10 +151,58 @@ def class_mix(
     return image, labels
 
 
+TEACHER = "train.self_training.teacher"
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of the file at ``path``, hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_teacher(path: str, facts: Mapping, student: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+    """(model, sha256 of the file): the model of the srforge checkpoint at ``path`` (train.self_training.teacher),
+    frozen, in eval mode on the CPU. ``facts`` are this run's (model_class, class_names, image_mode): the teacher must
+    read the scans as the ``student`` does (in_channels, image mode) and predict its classes (num_classes, names);
+    its model class must be srforge's own or this run's model.class (the config imports that one anyway).
+    ConfigError naming the key and the file otherwise."""
+    where = f"{TEACHER}: {path}"
+    fix = "give an srforge checkpoint (e.g. an earlier run's best.pt), or teacher: null for the EMA teacher"
+    try:
+        digest = file_digest(Path(path)) if Path(path).is_file() else None
+        ckpt = load_checkpoint(path)
+        found = ckpt.get("model_class", UNET_CLASS)
+        if not is_srforge_path(found) and found != facts["model_class"]:
+            raise ValueError(
+                f"{path}: its model class {found} is neither srforge's own nor this run's model.class "
+                f"({facts['model_class']}), and importing it would run its code"
+            )
+        with torch.random.fork_rng(devices=[]):  # building it draws initial weights: not from the run's stream
+            model = model_from_checkpoint(ckpt, where, allowed=[found])
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{TEACHER}: {str(error).rstrip('.')}; {fix}.") from None
+    found = {"in_channels": model.in_channels, "image_mode": ckpt.get("image_mode", "RGB"),
+             "num_classes": model.num_classes, "class_names": list(ckpt["class_names"])}  # fmt: skip
+    wanted = {"in_channels": student.in_channels, "image_mode": facts["image_mode"],
+              "num_classes": student.num_classes, "class_names": list(facts["class_names"])}  # fmt: skip
+    for name in found:
+        if found[name] != wanted[name]:
+            raise ConfigError(
+                f"{where}: its model has {name} {found[name]}, and this run's {wanted[name]}: the teacher must read "
+                "the scans as the student does and predict the same classes (model.class_names). Give a checkpoint "
+                "trained on this kind of data, or teacher: null for the EMA teacher."
+            )
+    return model.requires_grad_(False), digest
+
+
 class SelfTraining:
     """The unlabelled half of each update (module docstring). ``stream`` gives the batches; ``weight``,
     ``confidence``, ``start_epoch``, ``augment``, ``balance``, ``mix`` and ``tta`` are train.self_training's keys;
-    ``seed`` is run.seed."""
+    ``seed`` is run.seed; ``teacher``: a fixed teacher's model and its file's sha256 (:func:`load_teacher`), None for
+    the trainer's EMA of the weights."""
 
     def __init__(  # noqa: PLR0913 (train.self_training's keys)
         self,
@@ -161,10 +217,12 @@ class SelfTraining:
         tta: str = "none",
         ignore_index: int = IGNORE_INDEX,
         seed: int = 0,
+        teacher: tuple[torch.nn.Module, str] | None = None,
     ):
         self.stream, self.weight, self.confidence, self.balance = stream, float(weight), float(confidence), balance
         self.tta = tta_mode(tta)  # None or "flip"
         self.mix, self.labelled = mix, None
+        self.teacher, self.teacher_digest = teacher if teacher is not None else (None, None)
         self.teacher_pixels: int | None = None  # the largest unlabelled part tried since one ran out of memory
         self.student_pixels: int | None = None
         self.start_epoch, self.ignore_index, self.seed = int(start_epoch), ignore_index, seed
@@ -177,9 +235,13 @@ class SelfTraining:
         self.pending: torch.Tensor | None = None  # the running update's sums, until it is taken
 
     @classmethod
-    def from_config(cls, spec: Mapping, stream: UnlabelledStream, *, ignore_index: int, seed: int) -> SelfTraining:
-        """train.self_training's ``spec``, its missing keys at their defaults (srforge.config.schema.SELF_TRAINING)."""
-        return cls(stream, **{**SELF_TRAINING, **dict(spec)}, ignore_index=ignore_index, seed=seed)
+    def from_config(
+        cls, spec: Mapping, stream: UnlabelledStream, *, ignore_index: int, seed: int, teacher: tuple | None = None
+    ) -> SelfTraining:
+        """train.self_training's ``spec``, its missing keys at their defaults (srforge.config.schema.SELF_TRAINING);
+        ``teacher`` is its ``teacher`` key's checkpoint, loaded (:func:`load_teacher`)."""
+        keys = {k: v for k, v in {**SELF_TRAINING, **dict(spec)}.items() if k != "teacher"}
+        return cls(stream, **keys, ignore_index=ignore_index, seed=seed, teacher=teacher)
 
     def active(self, epoch: int) -> bool:
         """Whether the 0-based ``epoch`` learns from the unlabelled scans."""
@@ -285,7 +347,7 @@ class SelfTraining:
     def teach(self, trainer, image: torch.Tensor, sizes: torch.Tensor, names) -> tuple | None:
         """The teacher's guess (:func:`teacher_guess`) of the padded batch, part by part when a part runs out of
         memory (halves); None when a single scan does not fit (said on the console)."""
-        teacher = trainer.averaged
+        teacher = trainer.averaged if self.teacher is None else self.teacher
         if teacher is None:
             raise ConfigError(
                 "train.self_training: the teacher is the EMA of the weights, and this Trainer has none; set train.ema "
@@ -377,7 +439,18 @@ class SelfTraining:
         }
 
     def state_dict(self) -> dict:
-        return self.stream.state_dict()
+        """The stream's position, and a fixed teacher's sha256 (``teacher``), which a resume must find again."""
+        return {**self.stream.state_dict(), **({"teacher": self.teacher_digest} if self.teacher_digest else {})}
 
     def load_state_dict(self, state: dict) -> None:
+        """Go on from ``state``; a ConfigError when its teacher is not this run's (another file, or none): the
+        pseudo-labels, and so the weights, would not be those the run started with."""
+        saved = state.get("teacher")
+        if saved != self.teacher_digest:
+            said = {None: "the EMA of the weights"}
+            raise ConfigError(
+                f"--resume: this run's teacher was {said.get(saved, f'a checkpoint with sha256 {saved}')}, and "
+                f"{TEACHER} now gives {said.get(self.teacher_digest, f'one with sha256 {self.teacher_digest}')}. A "
+                "resumed run keeps its teacher: restore that file (or that setting), or start a new run."
+            )
         self.stream.load_state_dict(state)
