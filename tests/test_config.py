@@ -77,9 +77,12 @@ def test_overrides_are_yaml_scalars_and_reach_free_form_args():
 
 def test_an_override_inside_a_mapping_or_null_key_keeps_the_mappings_other_entries():
     user = {"train": {"ema": 0.9, "self_training": {"weight": 2.0, "confidence": 0.8}}, "data": {"unlabelled": "/u"}}
-    cfg = resolve(user, ["train.self_training.tta=flip", "train.early_stop.patience=4"])
-    assert cfg["train"]["self_training"] == {"weight": 2.0, "confidence": 0.8, "tta": "flip"}
-    assert cfg["train"]["early_stop"] == {"patience": 4}  # null before: the mapping is that one entry
+    cfg = resolve(user, ["train.self_training.tta=flip", "train.self_training.augment.noise=0.1"])
+    assert cfg["train"]["self_training"] == {"weight": 2.0, "confidence": 0.8, "tta": "flip", "augment": {"noise": 0.1}}
+    user["train"]["self_training"]["augment"] = None  # null inside: a mapping of that one entry
+    cfg = resolve(user, ["train.self_training.augment.noise=0.1", "train.early_stop.patience=4"])
+    assert cfg["train"]["self_training"]["augment"] == {"noise": 0.1}
+    assert cfg["train"]["early_stop"] == {"patience": 4}
     with pytest.raises(ConfigError, match="Override 'train.self_training.wieght=1': .*unknown key 'wieght'"):
         resolve(user, ["train.self_training.wieght=1"])
 

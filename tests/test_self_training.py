@@ -15,6 +15,7 @@ from helpers import rgb, write
 from test_train import TinyStrips, tiny_config, torchrun_custom_dataset  # noqa: F401 (TinyStrips: imported by the config)
 
 from srforge.config import ConfigError, resolve
+from srforge.config.preflight import TEACHER
 from srforge.data import DataError
 from srforge.data.unlabelled import UnlabelledScans, UnlabelledStream
 from srforge.runtime.checkpoint import load_checkpoint, save_checkpoint
@@ -152,7 +153,7 @@ def unlabelled_step(
         params=list(net.parameters()), scaler=torch.amp.GradScaler("cpu", enabled=False),
     )  # fmt: skip
     spec = {"confidence": 0.5, "balance": balance, "tta": tta, "augment": None, "teacher": "t.pt" if fixed else None}
-    own = (teacher, "digest") if fixed else None
+    own = (teacher, "t.pt", "digest") if fixed else None
     self_training = SelfTraining.from_config(spec, stream, ignore_index=255, seed=0, teacher=own)
     loss = self_training.backward(trainer)
     if teacher_calls is not None:
@@ -473,6 +474,7 @@ def test_a_fixed_teacher_needs_no_ema_and_a_resume_keeps_it_or_refuses(tmp_path,
     train(second(tmp_path / "straight"))
     straight = load_checkpoint(tmp_path / "straight" / "last.pt")
     assert straight["unlabelled"]["teacher"] == hashlib.sha256(teacher.read_bytes()).hexdigest()
+    assert straight["unlabelled"]["teacher_file"] == str(teacher)
     rows = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["unlabelled_loss"] > 0 for r in rows)  # from epoch 1: the teacher has learned already
     real, calls = self_training.confident_labels, []
@@ -491,8 +493,11 @@ def test_a_fixed_teacher_needs_no_ema_and_a_resume_keeps_it_or_refuses(tmp_path,
     other.write_bytes(teacher.read_bytes())
     save_checkpoint({**load_checkpoint(other), "epoch": 7}, other)  # the same weights, another file
     cfg = self_training_config(tmp_path / "cut", folder, {"teacher": str(other)}, ema=None, epochs=2)
-    with pytest.raises(ConfigError, match=r"--resume: this run's teacher was a checkpoint with sha256 [0-9a-f]{64}"):
+    was = rf"--resume: this run's teacher was {teacher} \(sha256 [0-9a-f]{{64}}\), and {TEACHER} now gives {other} "
+    with pytest.raises(ConfigError, match=was.replace(".", r"\.")):
         train(cfg, resume=tmp_path / "cut")
+    with pytest.raises(ConfigError, match=r"now gives null, the EMA\. A resumed run keeps its teacher"):
+        train(self_training_config(tmp_path / "cut", folder, epochs=2), resume=tmp_path / "cut")
     train(second(tmp_path / "cut"), resume=tmp_path / "cut")
     cut = load_checkpoint(tmp_path / "cut" / "last.pt")
     assert cut["unlabelled"] == straight["unlabelled"]
@@ -500,21 +505,49 @@ def test_a_fixed_teacher_needs_no_ema_and_a_resume_keeps_it_or_refuses(tmp_path,
 
 
 def test_a_teacher_that_does_not_fit_the_run_is_a_config_error_naming_it(tmp_path):
+    from srforge.models.unet import UNet
+
     folder = unlabelled_folder(tmp_path / "scans")
     train(tiny_config(tmp_path / "first", epochs=1))
     best = load_checkpoint(tmp_path / "first" / "best.pt")
+
+    def other(**args):  # the checkpoint of a model built with other arguments
+        kwargs = {**best["model_args"], **args}
+        model = UNet(**kwargs)
+        return {**best, "model": model.state_dict(), "model_args": kwargs, "size_divisor": model.size_divisor}
+
     cases = {
         "missing.pt": (None, "Checkpoint not found: .*missing.pt; give an srforge checkpoint"),
-        "names.pt": ({**best, "class_names": ["paper", "pencil"]}, "class_names .'paper', 'pencil'., and this run's"),
-        "gray.pt": ({**best, "image_mode": "L"}, "image_mode L, and this run's RGB"),
+        "names.pt": ({**best, "class_names": ["paper", "pencil"]},
+                     r"class_names \['paper', 'pencil'\], and this run's \['paper', 'ink'\] \(model.class_names\)"),
+        "gray.pt": ({**best, "image_mode": "L"}, "image_mode L, and this run's RGB: the teacher must read"),
+        "mono.pt": (other(in_channels=1), "in_channels 1, and this run's 3"),
+        "three.pt": (other(num_classes=3), "num_classes 3, and this run's 2"),
+        "deeper.pt": (other(depth=3), "size_divisor is 8, which does not divide this run's 4"),
         "foreign.pt": ({**best, "model_class": "elsewhere.models:Net"}, "neither srforge's own nor this run's"),
-    }
+    }  # fmt: skip
     for name, (ckpt, expected) in cases.items():
         if ckpt is not None:
             save_checkpoint(ckpt, tmp_path / name)
         cfg = self_training_config(tmp_path / name.replace(".pt", ""), folder, {"teacher": str(tmp_path / name)})
         with pytest.raises(ConfigError, match=rf"train\.self_training\.teacher: .*{expected}"):
             train(cfg)
+    own = tmp_path / "own"  # a teacher in the run's own folder, which the run may rewrite or remove
+    (own / "kept").mkdir(parents=True)
+    (own / "kept" / "best.pt").write_bytes((tmp_path / "first" / "best.pt").read_bytes())
+    with pytest.raises(ConfigError, match=r"lies in this run's own folder run\.dir"):
+        train(self_training_config(own, folder, {"teacher": str(own / "kept" / "best.pt")}))
+
+
+def test_the_cli_refuses_a_teacher_before_it_touches_the_run_folder(tmp_path):
+    from srforge.config.preflight import check_before_training
+
+    cfg = self_training_config(tmp_path / "run", unlabelled_folder(tmp_path / "scans"), {"teacher": "nowhere.pt"})
+    with pytest.raises(ConfigError, match="train.self_training.teacher: Checkpoint not found: nowhere.pt"):
+        check_before_training(cfg)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="pass its model, teacher=srforge.train.teacher.load_teacher"):
+        SelfTraining.from_config(cfg.train.self_training, None, ignore_index=255, seed=0)
 
 
 @pytest.mark.slow

@@ -88,8 +88,9 @@ class Key:
 
     @property
     def free_form(self) -> bool:
-        """Whether the value is a mapping srforge passes on unchecked (a Dataset's args, the augment recipe)."""
-        return self.types == (dict,)
+        """Whether the value may be a mapping (a Dataset's args, the augment recipe, train.self_training), whose
+        entries an override may set one by one (srforge.config.overrides.set_free_form)."""
+        return dict in self.types
 
     def new(self) -> Any:
         return copy.deepcopy(self.default)

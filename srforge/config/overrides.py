@@ -49,8 +49,8 @@ def nest(path: str, value: Any) -> dict:
 
 def set_free_form(cfg: Section, path: str, value: Any) -> bool:
     """Set ``path`` when it reaches inside a key whose value is a mapping (``data.dataset.args.root=...``,
-    ``train.self_training.tta=flip``), creating the mappings on the way (a null one too: the key is then that one
-    entry), so that the mapping's other entries stay; False when ``path`` is no such path (the caller merges it as a
+    ``train.self_training.tta=flip``), creating the mappings on the way (null ones too: a mapping of that one
+    entry), so that a mapping's other entries stay; False when ``path`` is no such path (the caller merges it as a
     key of the schema)."""
     parts = path.split(".")
     node: Any = cfg
@@ -59,13 +59,15 @@ def set_free_form(cfg: Section, path: str, value: Any) -> bool:
         if field is None:
             return False
         if isinstance(field, Key):
-            if dict not in field.types or i == len(parts) - 1:
+            if not field.free_form or i == len(parts) - 1:
                 return False
             if node[part] is None:
                 node[part] = {}
             target = node[part]
             for depth, inner in enumerate(parts[i + 1 : -1], start=i + 1):
-                target = target.setdefault(inner, {})
+                if target.get(inner) is None:
+                    target[inner] = {}
+                target = target[inner]
                 if not isinstance(target, dict):
                     where = ".".join(parts[: depth + 1])
                     found = f"{type(target).__name__} {target!r}"

@@ -14,6 +14,7 @@ from typing import Any
 
 from srforge.config.errors import ConfigError
 from srforge.config.imports import import_object
+from srforge.constants import UNET_CLASS
 from srforge.runtime.device import resolve_device
 
 
@@ -49,10 +50,55 @@ def check_model_class(spec: str) -> None:
         raise ConfigError(str(exc)) from None
 
 
+TEACHER = "train.self_training.teacher"
+
+
+def teacher_checkpoint(path: str, model_class: str, run_dir: str | None) -> tuple[dict, str]:
+    """(checkpoint, sha256 of its file) of train.self_training.teacher ``path``: an srforge checkpoint outside the
+    run's folder ``run_dir`` (which the run rewrites, or --overwrite removes), whose model class is srforge's own or
+    ``model_class``, this run's (the config imports that one anyway; a checkpoint's word does not count), the file
+    the same before and after it was read. ConfigError naming the key and the file otherwise."""
+    import hashlib
+
+    from srforge.models.create import is_srforge_path
+    from srforge.runtime.checkpoint import load_checkpoint
+
+    if run_dir is not None and Path(path).resolve().is_relative_to(Path(run_dir).resolve()):
+        raise ConfigError(
+            f"{TEACHER}: {path} lies in this run's own folder run.dir ({run_dir}), whose checkpoints the run rewrites; "
+            "copy it elsewhere (a teacher must stay as it was), or set teacher: null for the EMA teacher."
+        )
+
+    def digest() -> str | None:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if Path(path).is_file() else None
+
+    try:
+        before, ckpt, after = digest(), load_checkpoint(path), digest()
+    except FileNotFoundError as error:
+        fix = "" if Path(path).is_dir() else "; give an srforge checkpoint (e.g. an earlier run's best.pt)"
+        raise ConfigError(f"{TEACHER}: {error}{fix}, or teacher: null for the EMA teacher.") from None
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{TEACHER}: {error}") from None
+    if before != after:
+        raise ConfigError(f"{TEACHER}: {path} changed while it was read; start again once it is written.")
+    found = ckpt.get("model_class", UNET_CLASS)
+    if not is_srforge_path(found) and found != model_class:
+        raise ConfigError(
+            f"{TEACHER}: {path}: its model class is {found}, neither srforge's own nor this run's model.class "
+            f"({model_class}); srforge imports a class a checkpoint names only when you name it (importing runs its "
+            "code): give a teacher of srforge's classes or of this run's model.class."
+        )
+    return ckpt, after
+
+
 def check_before_training(cfg: Mapping[str, Any]) -> None:
-    """Every check above for a resolved training config, ``model.class`` imports as an nn.Module subclass, and
-    ``run.device`` names a device this machine has."""
+    """Every check above for a resolved training config, ``model.class`` imports as an nn.Module subclass,
+    train.self_training's teacher is a checkpoint it may use (:func:`teacher_checkpoint`), and ``run.device`` names a
+    device this machine has."""
     check_model_class(cfg.model.class_)
+    spec = cfg.train.self_training
+    if spec is not None and spec.get("teacher") is not None:
+        teacher_checkpoint(spec["teacher"], cfg.model.class_, cfg.run.dir)
     data = cfg.data
     check_dataset(data.dataset, "data.dataset", data.synthetic.root)
     if data.val_dataset.class_ is not None:

@@ -32,7 +32,8 @@ def trainer_parts(cfg: Config, processes: Processes, run_dir: Path, ckpt: dict |
     """What :meth:`srforge.train.trainer.Trainer.from_config` hands the Trainer, built from a resolved config in
     the order each needs the last: the device and the seed, data, the model (its weights from ``ckpt`` later when
     resuming), the training crop, the memory plan, the loaders, the pixel budget (a checkpoint's before the schedule
-    counts the epoch's batches, which the budget cuts), optimization, and the config's hooks (EMA copies the model:
+    counts the epoch's batches, which the budget cuts), optimization, the facts a checkpoint records, self-training
+    (its fixed teacher is checked against the model and those facts), and the config's hooks (EMA copies the model:
     before the Trainer compiles it)."""
     tcfg, dcfg, seed = cfg.train, cfg.data, cfg.run.seed
     device = training_device(processes, cfg.run.device, tcfg.precision)

@@ -41,7 +41,8 @@ from srforge.models.create import create_model
 from srforge.models.weights import WeightsFile
 from srforge.runtime.device import cpu_has_native_bf16, resolve_device
 from srforge.runtime.distributed import Processes, environment
-from srforge.train.self_training import SelfTraining, load_teacher
+from srforge.train.self_training import SelfTraining
+from srforge.train.teacher import load_teacher
 
 # The keys srforge's UNet is built with; any other model.class takes the first two and model.args.
 MODEL_ARGS = ("in_channels", "num_classes", *UNET_KEYS)
@@ -363,9 +364,9 @@ def build_self_training(
         return None
     teacher = None
     if spec.get("teacher") is not None:
-        loaded, digest = load_teacher(spec["teacher"], facts, model)
+        loaded, path, digest = load_teacher(spec["teacher"], facts, model, cfg.run.dir)
         layout = torch.channels_last if cfg.train.channels_last else torch.contiguous_format
-        teacher = (loaded.to(device, memory_format=layout), digest)
+        teacher = (loaded.to(device, memory_format=layout), path, digest)
         if processes.main:
             print(f"srforge: self-training's teacher: {spec['teacher']} (fixed; sha256 {digest[:12]})")
     divisor = model.size_divisor

@@ -7,7 +7,7 @@ gradients are averaged across ranks, takes one batch of this rank's unlabelled s
 (:class:`srforge.data.unlabelled.UnlabelledStream`):
 
 1. the teacher (``trainer.averaged``, the EMA of the weights; with ``teacher``, the fixed model of that checkpoint,
-   :func:`load_teacher`) predicts the padded batch at the scans' true sizes;
+   :func:`srforge.train.teacher.load_teacher`) predicts the padded batch at the scans' true sizes;
    with ``tta: flip``, its class probabilities are the mean over each scan and its three mirror images, each
    mirrored within the scan's own extent (srforge.tta, as predict.py's ``--tta flip``): a mark the teacher
    makes in one orientation only is less often sure, at four teacher passes instead of one;
@@ -46,22 +46,19 @@ The update's row sums (loss, batches, confident pixels, real pixels) become the 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from srforge.config import ConfigError
+from srforge.config.preflight import TEACHER
 from srforge.config.schema import SELF_TRAINING
-from srforge.constants import IGNORE_INDEX, UNET_CLASS
+from srforge.constants import IGNORE_INDEX
 from srforge.data.crop import sample_seed
 from srforge.data.unlabelled import STREAM_SEED, UnlabelledStream
 from srforge.geometry import valid_mask
-from srforge.models.create import is_srforge_path
 from srforge.runtime import distributed
-from srforge.runtime.checkpoint import load_checkpoint, model_from_checkpoint
 from srforge.runtime.device import autocast
 from srforge.runtime.device_memory import is_out_of_memory
 from srforge.train.update import backward_or_none, each_part, no_sync, parts_of, scans_within
@@ -151,58 +148,11 @@ def class_mix(
     return image, labels
 
 
-TEACHER = "train.self_training.teacher"
-
-
-def file_digest(path: Path) -> str:
-    """The sha256 of the file at ``path``, hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def load_teacher(path: str, facts: Mapping, student: torch.nn.Module) -> tuple[torch.nn.Module, str]:
-    """(model, sha256 of the file): the model of the srforge checkpoint at ``path`` (train.self_training.teacher),
-    frozen, in eval mode on the CPU. ``facts`` are this run's (model_class, class_names, image_mode): the teacher must
-    read the scans as the ``student`` does (in_channels, image mode) and predict its classes (num_classes, names);
-    its model class must be srforge's own or this run's model.class (the config imports that one anyway).
-    ConfigError naming the key and the file otherwise."""
-    where = f"{TEACHER}: {path}"
-    fix = "give an srforge checkpoint (e.g. an earlier run's best.pt), or teacher: null for the EMA teacher"
-    try:
-        digest = file_digest(Path(path)) if Path(path).is_file() else None
-        ckpt = load_checkpoint(path)
-        found = ckpt.get("model_class", UNET_CLASS)
-        if not is_srforge_path(found) and found != facts["model_class"]:
-            raise ValueError(
-                f"{path}: its model class {found} is neither srforge's own nor this run's model.class "
-                f"({facts['model_class']}), and importing it would run its code"
-            )
-        with torch.random.fork_rng(devices=[]):  # building it draws initial weights: not from the run's stream
-            model = model_from_checkpoint(ckpt, where, allowed=[found])
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{TEACHER}: {str(error).rstrip('.')}; {fix}.") from None
-    found = {"in_channels": model.in_channels, "image_mode": ckpt.get("image_mode", "RGB"),
-             "num_classes": model.num_classes, "class_names": list(ckpt["class_names"])}  # fmt: skip
-    wanted = {"in_channels": student.in_channels, "image_mode": facts["image_mode"],
-              "num_classes": student.num_classes, "class_names": list(facts["class_names"])}  # fmt: skip
-    for name in found:
-        if found[name] != wanted[name]:
-            raise ConfigError(
-                f"{where}: its model has {name} {found[name]}, and this run's {wanted[name]}: the teacher must read "
-                "the scans as the student does and predict the same classes (model.class_names). Give a checkpoint "
-                "trained on this kind of data, or teacher: null for the EMA teacher."
-            )
-    return model.requires_grad_(False), digest
-
-
 class SelfTraining:
     """The unlabelled half of each update (module docstring). ``stream`` gives the batches; ``weight``,
     ``confidence``, ``start_epoch``, ``augment``, ``balance``, ``mix`` and ``tta`` are train.self_training's keys;
-    ``seed`` is run.seed; ``teacher``: a fixed teacher's model and its file's sha256 (:func:`load_teacher`), None for
-    the trainer's EMA of the weights."""
+    ``seed`` is run.seed; ``teacher``: a fixed teacher (model, file, sha256: :mod:`srforge.train.teacher`), None
+    for the trainer's EMA of the weights."""
 
     def __init__(  # noqa: PLR0913 (train.self_training's keys)
         self,
@@ -217,12 +167,12 @@ class SelfTraining:
         tta: str = "none",
         ignore_index: int = IGNORE_INDEX,
         seed: int = 0,
-        teacher: tuple[torch.nn.Module, str] | None = None,
+        teacher: tuple[torch.nn.Module, str, str] | None = None,
     ):
         self.stream, self.weight, self.confidence, self.balance = stream, float(weight), float(confidence), balance
         self.tta = tta_mode(tta)  # None or "flip"
         self.mix, self.labelled = mix, None
-        self.teacher, self.teacher_digest = teacher if teacher is not None else (None, None)
+        self.teacher, self.teacher_file, self.teacher_digest = teacher if teacher is not None else (None,) * 3
         self.teacher_pixels: int | None = None  # the largest unlabelled part tried since one ran out of memory
         self.student_pixels: int | None = None
         self.start_epoch, self.ignore_index, self.seed = int(start_epoch), ignore_index, seed
@@ -239,7 +189,11 @@ class SelfTraining:
         cls, spec: Mapping, stream: UnlabelledStream, *, ignore_index: int, seed: int, teacher: tuple | None = None
     ) -> SelfTraining:
         """train.self_training's ``spec``, its missing keys at their defaults (srforge.config.schema.SELF_TRAINING);
-        ``teacher`` is its ``teacher`` key's checkpoint, loaded (:func:`load_teacher`)."""
+        ``teacher`` is its ``teacher`` key's checkpoint, loaded (:func:`srforge.train.teacher.load_teacher`)."""
+        if spec.get("teacher") is not None and teacher is None:
+            raise ValueError(
+                f"{TEACHER} is {spec['teacher']!r}: pass its model, teacher=srforge.train.teacher.load_teacher(...)"
+            )
         keys = {k: v for k, v in {**SELF_TRAINING, **dict(spec)}.items() if k != "teacher"}
         return cls(stream, **keys, ignore_index=ignore_index, seed=seed, teacher=teacher)
 
@@ -351,6 +305,7 @@ class SelfTraining:
         if teacher is None:
             raise ConfigError(
                 "train.self_training: the teacher is the EMA of the weights, and this Trainer has none; set train.ema "
+                f"or {TEACHER} "
                 "(or give the Trainer an EMAHook)."
             )
         teacher.eval()
@@ -439,18 +394,21 @@ class SelfTraining:
         }
 
     def state_dict(self) -> dict:
-        """The stream's position, and a fixed teacher's sha256 (``teacher``), which a resume must find again."""
-        return {**self.stream.state_dict(), **({"teacher": self.teacher_digest} if self.teacher_digest else {})}
+        """The stream's position, and a fixed teacher's file and sha256 (``teacher``, ``teacher_file``), which a
+        resume must find again."""
+        fixed = {"teacher": self.teacher_digest, "teacher_file": self.teacher_file} if self.teacher_digest else {}
+        return {**self.stream.state_dict(), **fixed}
 
     def load_state_dict(self, state: dict) -> None:
-        """Go on from ``state``; a ConfigError when its teacher is not this run's (another file, or none): the
-        pseudo-labels, and so the weights, would not be those the run started with."""
+        """Go on from ``state``; a ConfigError when its teacher is not this run's (another file's content, or none):
+        the pseudo-labels, and so the weights, would not be those the run started with."""
         saved = state.get("teacher")
         if saved != self.teacher_digest:
-            said = {None: "the EMA of the weights"}
+            was = f"{state.get('teacher_file')} (sha256 {saved})" if saved else "the EMA of the weights (null)"
+            now = f"{self.teacher_file} (sha256 {self.teacher_digest})" if self.teacher_digest else "null, the EMA"
             raise ConfigError(
-                f"--resume: this run's teacher was {said.get(saved, f'a checkpoint with sha256 {saved}')}, and "
-                f"{TEACHER} now gives {said.get(self.teacher_digest, f'one with sha256 {self.teacher_digest}')}. A "
-                "resumed run keeps its teacher: restore that file (or that setting), or start a new run."
+                f"--resume: this run's teacher was {was}, and {TEACHER} now gives {now}. A resumed run keeps its "
+                "teacher, whatever --allow-changes says: restore that file's content (or that setting), or start a "
+                "new run."
             )
         self.stream.load_state_dict(state)
