@@ -561,3 +561,28 @@ def test_two_processes_self_train_on_their_own_unlabelled_batches(tmp_path):
     assert all(r["unlabelled_loss"] > 0 for r in rows)
     # 9 scans in 5 batches of 2, cut to 4 for 2 ranks: 2 each a pass; 2 updates an epoch per rank, 2 epochs.
     assert load_checkpoint(tmp_path / "ddp" / "last.pt")["unlabelled"] == {"pass": 1, "done": 2, "max_pixels": None}
+
+
+@pytest.mark.slow
+def test_two_processes_learn_from_one_fixed_teacher(tmp_path):
+    import subprocess
+    import sys
+
+    from test_train import ROOT
+
+    first = [f"run.dir={tmp_path / 'first'}", "data.dataset.args.n=10", "data.batch_size=2", "model.base_channels=4"]
+    script, config = ROOT / "scripts" / "train.py", ROOT / "configs" / "custom_dataset.yaml"
+    made = subprocess.run([sys.executable, script, "--config", config, *first, "train.epochs=1"], cwd=ROOT,
+                          capture_output=True, text=True)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    teacher, folder = tmp_path / "first" / "best.pt", unlabelled_folder(tmp_path / "scans", n=9)
+    spec = f"train.self_training={{confidence: 0.6, teacher: {teacher}}}"
+    done = torchrun_custom_dataset(tmp_path / "ddp", f"data.unlabelled={folder}", spec)  # no train.ema
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count(f"self-training's teacher: {teacher}") == 1  # said once, by rank 0
+    rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["unlabelled_loss"] > 0 for r in rows)
+    saved = load_checkpoint(tmp_path / "ddp" / "last.pt")["unlabelled"]
+    digest = hashlib.sha256(teacher.read_bytes()).hexdigest()
+    assert saved == {"pass": 1, "done": 2, "max_pixels": None, "teacher": digest, "teacher_file": str(teacher)}
+
