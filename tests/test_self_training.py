@@ -430,23 +430,29 @@ def test_a_run_learns_from_unlabelled_scans_and_reports_them(tmp_path, capsys):
     assert "val_mean_iou" in rows[-1]
 
 
-def test_a_run_interrupted_while_the_teacher_labels_resumes_to_the_same_bits(tmp_path, monkeypatch):
+def cut_while_teaching(monkeypatch, cfg) -> None:
+    """Train ``cfg`` and stop it with a Ctrl-C in epoch 2's second update (3 updates an epoch), while the teacher's
+    guess becomes labels: the stream has handed out that batch and not committed it."""
     import srforge.train.self_training as self_training
 
-    folder = unlabelled_folder(tmp_path / "scans")
-    train(self_training_config(tmp_path / "straight", folder))
     real, calls = self_training.confident_labels, []
 
     def interrupt(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 5:  # epoch 2, its second update: the stream has handed out the batch, not committed it
+        if len(calls) == 5:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
     monkeypatch.setattr(self_training, "confident_labels", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        train(self_training_config(tmp_path / "cut", folder))
+        train(cfg)
     monkeypatch.setattr(self_training, "confident_labels", real)
+
+
+def test_a_run_interrupted_while_the_teacher_labels_resumes_to_the_same_bits(tmp_path, monkeypatch):
+    folder = unlabelled_folder(tmp_path / "scans")
+    train(self_training_config(tmp_path / "straight", folder))
+    cut_while_teaching(monkeypatch, self_training_config(tmp_path / "cut", folder))
     saved = load_checkpoint(tmp_path / "cut" / "last.pt")
     position = {"pass": 1, "done": 1, "max_pixels": None}
     assert (saved["epoch"], saved["batches_done"], saved["unlabelled"]) == (1, 1, position)
@@ -465,8 +471,6 @@ def test_a_fixed_teacher_needs_no_ema_and_a_resume_keeps_it_or_refuses(tmp_path,
     """A first run's best.pt teaches a second run without train.ema from epoch 1; the second run, cut while its
     teacher labels and resumed, ends in the bits of the run that went straight through, and a resume whose teacher
     file is another one is refused before anything trains."""
-    import srforge.train.self_training as self_training
-
     folder = unlabelled_folder(tmp_path / "scans")
     train(tiny_config(tmp_path / "first", epochs=1))
     teacher = tmp_path / "first" / "best.pt"
@@ -477,18 +481,7 @@ def test_a_fixed_teacher_needs_no_ema_and_a_resume_keeps_it_or_refuses(tmp_path,
     assert straight["unlabelled"]["teacher_file"] == str(teacher)
     rows = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["unlabelled_loss"] > 0 for r in rows)  # from epoch 1: the teacher has learned already
-    real, calls = self_training.confident_labels, []
-
-    def interrupt(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 5:  # epoch 2, its second update
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(self_training, "confident_labels", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        train(second(tmp_path / "cut"))
-    monkeypatch.setattr(self_training, "confident_labels", real)
+    cut_while_teaching(monkeypatch, second(tmp_path / "cut"))
     other = tmp_path / "other.pt"
     other.write_bytes(teacher.read_bytes())
     save_checkpoint({**load_checkpoint(other), "epoch": 7}, other)  # the same weights, another file
