@@ -21,7 +21,9 @@ channel) the generator's model is trained alone, with the skeleton loss, with pl
 self-training, with class-balanced self-training and the skeleton loss, and with plain self-training and the
 skeleton loss (at full, half and double weight, with the teacher's confidence at 0.6-0.95, and with the flip
 teacher: ``tta: flip``, the mean of each scan's four mirror images, at self-training weight 1, 2 and 3); the
-renderer's own model is trained with it too, the fair baseline for those rows.
+double-weight row's model then teaches a second round, and that round's a third (``train.self_training.teacher``:
+each round's best.pt, fixed, teaches a fresh student from epoch 1; choosing a round trains the rounds before it
+first); the renderer's own model is trained with it too, the fair baseline for those rows.
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
 (TOTEM #9) and 6038187_v1.2.las (Scorpio E1). TOTEM #9's first 60% of depths are written as a LAS file of their
