@@ -358,7 +358,7 @@ def build_self_training(
     scans (``max_pixels``, the resolved budget, or data.batch_size), read through data.cache in the training
     view's image mode, dealt to ranks; members refused are said once (main process), as predict.py lists them.
     Its ``teacher`` checkpoint, if any, is loaded onto ``device``, checked against ``model`` and the run's
-    ``facts`` (:func:`srforge.train.self_training.load_teacher`)."""
+    ``facts`` (:func:`srforge.train.teacher.load_teacher`)."""
     dcfg, spec = cfg.data, cfg.train.self_training
     if spec is None:
         return None
