@@ -357,15 +357,15 @@ def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_tr
     is generated afresh; with ``reuse``, a model trained on the renderer's scans by an earlier run of the same
     renderer, setting and seed is kept (its seconds are that run's). A variant with a ``teacher`` learns from that
     variant's best.pt of the same seed (train.self_training.teacher), trained before it (:func:`with_teachers`)."""
-    key = run_key(setting, seed)
+    key, name = run_key(setting, seed), slug(variant["name"])
     renderer = f"renderer_{renderer_version()}{'_ink' if INK in variant['overrides'] else ''}_{key}"
-    run_dir = work / "runs" / (f"{slug(variant['name'])}_{key}" if variant["kind"] == "srforge" else renderer)
+    run_dir = work / "runs" / (f"{name}_{key}" if variant["kind"] == "srforge" else renderer)
     done = run_dir / "bench_transfer_seconds.json"
     if reuse and variant["kind"] == "renderer" and done.is_file() and (run_dir / "best.pt").is_file():
         return run_dir / "best.pt", json.loads(done.read_text())["seconds"]
     overrides = base_overrides(setting, seed, run_dir)
     if variant["kind"] == "srforge":
-        data = work / "srforge_train" / f"{slug(variant['name'])}_{key}"
+        data = work / "srforge_train" / f"{name}_{key}"
         shutil.rmtree(data, ignore_errors=True)  # the generator may have changed since an earlier run
         overrides += [f"data.synthetic.root={data}", f"data.dataset.args.root={data}", *variant["overrides"]]
     else:

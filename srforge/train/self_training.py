@@ -305,8 +305,7 @@ class SelfTraining:
         if teacher is None:
             raise ConfigError(
                 "train.self_training: the teacher is the EMA of the weights, and this Trainer has none; set train.ema "
-                f"or {TEACHER} "
-                "(or give the Trainer an EMAHook)."
+                f"or {TEACHER} (or give the Trainer an EMAHook)."
             )
         teacher.eval()
         guesses = []

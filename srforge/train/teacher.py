@@ -25,11 +25,10 @@ def load_teacher(
     """(model, ``path``, sha256 of the file): the teacher at ``path``, frozen, in eval mode on the CPU. ``facts`` are
     this run's (model_class, class_names, image_mode), ``student`` its model, ``run_dir`` its folder. ConfigError
     naming the key, the file, what differs and how to fix it otherwise (module docstring)."""
-    ckpt, digest = teacher_checkpoint(path, facts["model_class"], run_dir)
-    found_class = ckpt.get("model_class", facts["model_class"])
+    ckpt, digest = teacher_checkpoint(path, facts["model_class"], run_dir)  # its class srforge's or the run's
     try:
         with torch.random.fork_rng(devices=[]):  # building it draws initial weights: not from the run's stream
-            model = model_from_checkpoint(ckpt, path, allowed=[found_class])
+            model = model_from_checkpoint(ckpt, path, allowed=[facts["model_class"]])
     except (ValueError, ImportError) as error:
         raise ConfigError(f"{TEACHER}: {error}") from None
     found = {"in_channels": model.in_channels, "image_mode": ckpt.get("image_mode", "RGB"),
