@@ -85,6 +85,40 @@ def test_the_balanced_student_loss_weighs_each_class_alike():
     assert abs(plain.item() - (3 * a + b) / 4) < 1e-6 and abs(balanced.item() - (a + b) / 2) < 1e-6
 
 
+def test_the_skeleton_term_asks_the_student_to_cover_each_confident_curves_medial_line():
+    """Two scans padded to 5 x 7: scan 0 (5 x 6) has a 1-px curve of class 1 along row 2 at columns 0-4, the
+    teacher unsure at column 5 and at (4, 0) (ignored); scan 1 (3 x 4) a 3-px band, rows 0-2 at columns 0-3, thinned
+    to row 1's columns 0-1, whose diamond of radius 2 covers the band but for its far corners (0, 3) and (2, 3).
+    Padding is class 1 here (as if the teacher had marked it): only the scans' extents keep it out of the tubes.
+    The student's class-1 probability is 0.9 on scan 0's curve except 0.2 at column 4, and 0.5 everywhere on scan
+    1: recalls (4 * 0.9 + 0.2) / 5 = 0.76 and 0.5; the loss, 1 - their mean, is 0.37, and the two scans done apart
+    add up to it."""
+    ignore = 255
+    labels = torch.ones(2, 5, 7, dtype=torch.int64)
+    labels[0, :5, :6] = 0
+    labels[0, 2, :5] = 1
+    labels[0, 2, 5] = labels[0, 4, 0] = ignore
+    sizes = [(5, 6), (3, 4)]
+    tube = SelfTraining(None, skeleton=1.0, ignore_index=ignore).tubes(labels, sizes, k=2)
+    expected = torch.zeros(2, 5, 7, dtype=torch.uint8)
+    expected[0, 2, :5], expected[1, :3, :4] = 1, 1
+    expected[1, 0, 3] = expected[1, 2, 3] = 0
+    assert torch.equal(tube, expected)
+    p = torch.full((2, 5, 7), 0.5)
+    p[0, 2, :4], p[0, 2, 4] = 0.9, 0.2
+    logits = torch.stack([torch.zeros_like(p), torch.log(p / (1 - p))], 1).requires_grad_()
+    pairs = SelfTraining(None, skeleton=1.0).totals(labels, 2, tube)[2]
+    assert pairs.item() == 2
+    loss = SelfTraining.tube_loss(logits, tube, pairs)
+    assert abs(loss.item() - (1 - (0.76 + 0.5) / 2)) < 1e-6
+    parts = SelfTraining.tube_loss(logits[:1], tube[:1], pairs) + SelfTraining.tube_loss(logits[1:], tube[1:], pairs)
+    assert torch.allclose(parts, loss)
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert grad[:, 1][tube == 0].abs().max() == 0  # pixels outside the tubes, padding included, get nothing
+    nothing = torch.full((1, 5, 7), ignore)  # nothing confident: no tube
+    assert SelfTraining(None, skeleton=1.0).tubes(nothing, [(5, 7)], 2).sum() == 0
+
+
 class Strict(torch.nn.Module):
     """A per-pixel classifier (1x1 convolution of the image / 255) that runs out of memory, as a device would, on a
     batch of more than ``fits`` scans: forward(image uint8 [B, 3, H, W], sizes) -> logits [B, 2, H, W]."""
@@ -131,13 +165,13 @@ def test_the_flip_teacher_averages_each_scans_mirror_images_within_its_extent():
 
 def unlabelled_step(
     tmp_path, fits: int | None, balance: bool, student_fits: int | None = None, damaged=(), tta: str = "none",
-    teacher_calls: list | None = None, fixed: bool = False,
+    teacher_calls: list | None = None, fixed: bool = False, skeleton: float = 0.0,
 ):  # fmt: skip
     """One SelfTraining.backward over a batch of 4 unlabelled scans (those in ``damaged`` cut short), teacher
     Strict(fits) and student Strict(student_fits, default fits), train.self_training's ``tta``: the loss, the
     student's gradients and the pending sums (loss, batches, confident, real pixels); the teacher's forward calls
     are appended to ``teacher_calls``. ``fixed``: the teacher is SelfTraining's own (train.self_training.teacher)
-    and the trainer's EMA one a model that fails when called."""
+    and the trainer's EMA one a model that fails when called. ``skeleton``: train.self_training.skeleton."""
     from types import SimpleNamespace
 
     folder = unlabelled_folder(tmp_path, n=4)
@@ -152,7 +186,8 @@ def unlabelled_step(
         device=torch.device("cpu"), settings=settings, averaged=averaged, net=net, num_classes=2, step=0,
         params=list(net.parameters()), scaler=torch.amp.GradScaler("cpu", enabled=False),
     )  # fmt: skip
-    spec = {"confidence": 0.5, "balance": balance, "tta": tta, "augment": None, "teacher": "t.pt" if fixed else None}
+    spec = {"confidence": 0.5, "balance": balance, "tta": tta, "augment": None, "teacher": "t.pt" if fixed else None,
+            "skeleton": skeleton}  # fmt: skip
     own = (teacher, "t.pt", "digest") if fixed else None
     self_training = SelfTraining.from_config(spec, stream, ignore_index=255, seed=0, teacher=own)
     loss = self_training.backward(trainer)
@@ -161,11 +196,15 @@ def unlabelled_step(
     return loss, [None if p.grad is None else p.grad.clone() for p in net.parameters()], self_training.pending
 
 
-@pytest.mark.parametrize("balance", [False, True])
-def test_an_unlabelled_batch_out_of_memory_is_redone_in_parts_to_the_same_loss_and_gradients(tmp_path, balance):
-    whole, grads, _ = unlabelled_step(tmp_path / "whole", None, balance)
-    parts, part_grads, _ = unlabelled_step(tmp_path / "parts", 1, balance)  # 4 scans -> halves -> quarters
+@pytest.mark.parametrize(("balance", "skeleton"), [(False, 0.0), (True, 0.0), (False, 2.0)])
+def test_an_unlabelled_batch_out_of_memory_is_redone_in_parts_to_the_same_loss_and_gradients(
+    tmp_path, balance, skeleton
+):
+    whole, grads, _ = unlabelled_step(tmp_path / "whole", None, balance, skeleton=skeleton)
+    parts, part_grads, _ = unlabelled_step(tmp_path / "parts", 1, balance, skeleton=skeleton)  # halves, quarters
     assert whole > 0 and torch.allclose(parts, whole, rtol=1e-5, atol=1e-7)
+    if skeleton:  # the skeleton term is in the loss: more than the cross-entropy alone
+        assert whole > unlabelled_step(tmp_path / "plain", None, balance)[0] + 1e-3
     for a, b in zip(grads, part_grads):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
 
@@ -399,6 +438,8 @@ def test_scans_larger_than_the_budget_alone_are_left_out_and_named(tmp_path):
         ({"self_training": {"mix": "yes"}}, "train.self_training.mix: expected true or false, found 'yes'"),
         ({"self_training": {"tta": "mirror"}}, "train.self_training.tta: expected none (the teacher sees each scan"),
         ({"self_training": {"teacher": 5}}, "train.self_training.teacher: expected null (the teacher is the EMA"),
+        ({"self_training": {"skeleton": -1}}, "train.self_training.skeleton: expected a number >= 0"),
+        ({"self_training": {"skeleton": float("nan")}}, "train.self_training.skeleton: expected a finite number"),
     ],
 )
 def test_self_training_without_its_parts_is_a_config_error(tmp_path, change, expected):
@@ -578,4 +619,3 @@ def test_two_processes_learn_from_one_fixed_teacher(tmp_path):
     saved = load_checkpoint(tmp_path / "ddp" / "last.pt")["unlabelled"]
     digest = hashlib.sha256(teacher.read_bytes()).hexdigest()
     assert saved == {"pass": 1, "done": 2, "max_pixels": None, "teacher": digest, "teacher_file": str(teacher)}
-

@@ -107,7 +107,7 @@ def unlabelled_paths(value: Any, path: str) -> None:
 
 SELF_TRAINING = {
     "weight": 1.0, "confidence": 0.9, "start_epoch": 1, "augment": {"hflip": 0.5}, "balance": False, "mix": False,
-    "tta": "none", "teacher": None,
+    "tta": "none", "teacher": None, "skeleton": 0.0,
 }  # fmt: skip
 
 
@@ -115,13 +115,14 @@ def self_training_spec(value: Any, path: str) -> None:
     """null, or a mapping of SELF_TRAINING's keys (each optional): weight > 0, confidence in [0, 1), start_epoch
     >= 1, augment a recipe of data.augment's keys without ``scale`` (a student's view keeps the teacher's size),
     balance and mix true or false, tta "none" or "flip" (the teacher's views, as predict.py's --tta), teacher null
-    (the EMA of the weights) or a checkpoint's path (a fixed teacher: an earlier run's model)."""
+    (the EMA of the weights) or a checkpoint's path (a fixed teacher: an earlier run's model), skeleton >= 0 (the
+    skeleton recall loss's weight on the pseudo-labels; 0: off)."""
     if value is None:
         return
     if not isinstance(value, Mapping):
         raise ConfigError(
-            f"{path}: expected {{weight, confidence, start_epoch, augment, balance, mix, tta, teacher}} or null, "
-            f"found {value!r}."
+            f"{path}: expected {{weight, confidence, start_epoch, augment, balance, mix, tta, teacher, skeleton}} or "
+            f"null, found {value!r}."
         )
     unknown = sorted(set(value) - set(SELF_TRAINING))
     if unknown:
@@ -132,6 +133,12 @@ def self_training_spec(value: Any, path: str) -> None:
         raise ConfigError(f"{path}.weight: expected a number > 0 (the unlabelled loss's weight), found {weight!r}.")
     if not number(confidence) or not 0 <= confidence < 1:
         raise ConfigError(f"{path}.confidence: expected a probability from 0 to below 1, found {confidence!r}.")
+    skeleton = value.get("skeleton", 0.0)
+    if not number(skeleton) or not skeleton >= 0:
+        raise ConfigError(
+            f"{path}.skeleton: expected a number >= 0 (the skeleton recall loss's weight on the pseudo-labels; 0: "
+            f"off), found {skeleton!r}."
+        )
     start = value.get("start_epoch", 1)
     if isinstance(start, bool) or not isinstance(start, int) or start < 1:
         raise ConfigError(f"{path}.start_epoch: expected an epoch number >= 1, found {start!r}.")
@@ -412,9 +419,9 @@ class TrainSection(Section, path="train"):
     )
     self_training: dict | None = key(
         None,
-        "{weight, confidence, start_epoch, augment, balance, mix, tta, teacher}: learn from data.unlabelled's scans "
-        "through the teacher's confident predictions, the EMA of the weights (train.ema) or teacher's checkpoint "
-        "(needs data.unlabelled); null: off",
+        "{weight, confidence, start_epoch, augment, balance, mix, tta, teacher, skeleton}: learn from "
+        "data.unlabelled's scans through the teacher's confident predictions, the EMA of the weights (train.ema) or "
+        "teacher's checkpoint (needs data.unlabelled); null: off",
         rule=self_training_spec,
     )
     hooks: list = key(

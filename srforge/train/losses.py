@@ -34,21 +34,28 @@ def valid_pixels(target: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torc
     return (target != ignore_index).sum()
 
 
-def skeleton_recall_loss(logits: torch.Tensor, tube: torch.Tensor) -> torch.Tensor:
-    """1 - the mean soft recall of the skeleton tubes (Skeleton Recall, Kirchhoff et al., ECCV 2024).
-
-    logits [B, K, H, W]; tube [B, H, W] class ids, 0 where no tube (:func:`srforge.data.skeleton.skeleton_tube`,
-    padded with 0, so padding never counts) -> scalar. For each scan b and class c >= 1 that has a tube in it,
-    recall = sum(p_c * [tube == c]) / sum([tube == c]) over that scan's pixels alone (never pooled across the scans
-    of a batch); the loss is 1 - their mean, 0 (with the graph kept) when no scan has a tube.
-    """
+def skeleton_recalls(logits: torch.Tensor, tube: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(recall float32 [B, K-1], present bool [B, K-1]): for each scan b and class c >= 1, the soft recall
+    sum(p_c * [tube == c]) / sum([tube == c]) of ``logits`` [B, K, H, W] over that scan's pixels alone, and whether
+    c has a tube in b (recall is 0 where not). ``tube`` [B, H, W]: class ids, 0 where no tube
+    (:func:`srforge.data.skeleton.skeleton_tube`, padded with 0, so padding never counts)."""
     probs = logits.float().softmax(dim=1)[:, 1:]  # [B, K-1, H, W]: background has no tube
     classes = torch.arange(1, logits.shape[1], device=tube.device).view(1, -1, 1, 1)
     member = tube.unsqueeze(1) == classes  # [B, K-1, H, W]
     inside = member.sum((2, 3))  # [B, K-1]
     covered = (probs * member).sum((2, 3))
-    present = inside > 0
-    mean_recall = (covered / inside.clamp_min(1) * present).sum() / present.sum().clamp_min(1)
+    return covered / inside.clamp_min(1), inside > 0
+
+
+def skeleton_recall_loss(logits: torch.Tensor, tube: torch.Tensor) -> torch.Tensor:
+    """1 - the mean soft recall of the skeleton tubes (Skeleton Recall, Kirchhoff et al., ECCV 2024).
+
+    logits [B, K, H, W]; tube [B, H, W] class ids, 0 where no tube -> scalar: 1 - the mean of
+    :func:`skeleton_recalls` over the (scan, class) pairs that have a tube (never pooled across the scans of a
+    batch), 0 (with the graph kept) when no scan has a tube.
+    """
+    recall, present = skeleton_recalls(logits, tube)
+    mean_recall = (recall * present).sum() / present.sum().clamp_min(1)
     return torch.where(present.any(), 1 - mean_recall, mean_recall)  # no tube: 0, the graph kept
 
 

@@ -22,10 +22,14 @@ gradients are averaged across ranks, takes one batch of this rank's unlabelled s
    the top-left and cut to both extents, labelled with their true classes (:func:`class_mix`): the student keeps
    seeing curves on the target's paper, labelled truly, where the teacher alone would label mostly background;
 4. the student's cross-entropy over the labelled pixels of that view (with ``balance``, each class's mean, averaged
-   over the classes present), times ``weight``, is added to the gradients.
+   over the classes present), plus, with ``skeleton``, that weight times the skeleton recall loss on the view's
+   pseudo-labels (:meth:`SelfTraining.tubes`), all times ``weight``, is added to the gradients.
 
 A teacher that is rarely sure of a thin class (curves: a few per cent of the pixels) labels almost nothing but
-background at a global threshold, and the student then learns to miss curves: ``balance`` is for that.
+background at a global threshold, and the student then learns to miss curves: ``balance`` is for that. The
+cross-entropy of a curve's pseudo-labels is mostly its wide parts' and the background's; ``skeleton`` (Skeleton
+Recall, Kirchhoff et al., ECCV 2024, as ``train.skeleton_weight`` on labelled scans) asks the student to cover the
+medial line of every confident curve piece, a faint thin stretch as much as a bold one.
 
 A part of the batch that runs out of memory, in the teacher or the student, is redone in halves, as the labelled
 batches are, and later batches start in parts no larger than the last that was tried; the student's halves are each
@@ -56,11 +60,13 @@ from srforge.config.preflight import TEACHER
 from srforge.config.schema import SELF_TRAINING
 from srforge.constants import IGNORE_INDEX
 from srforge.data.crop import sample_seed
+from srforge.data.skeleton import skeleton_tube
 from srforge.data.unlabelled import STREAM_SEED, UnlabelledStream
 from srforge.geometry import valid_mask
 from srforge.runtime import distributed
 from srforge.runtime.device import autocast
 from srforge.runtime.device_memory import is_out_of_memory
+from srforge.train.losses import skeleton_recalls
 from srforge.train.update import backward_or_none, each_part, no_sync, parts_of, scans_within
 from srforge.tta import flip_probabilities, tta_mode
 
@@ -150,7 +156,8 @@ def class_mix(
 
 class SelfTraining:
     """The unlabelled half of each update (module docstring). ``stream`` gives the batches; ``weight``,
-    ``confidence``, ``start_epoch``, ``augment``, ``balance``, ``mix`` and ``tta`` are train.self_training's keys;
+    ``confidence``, ``start_epoch``, ``augment``, ``balance``, ``mix``, ``tta`` and ``skeleton`` are
+    train.self_training's keys;
     ``seed`` is run.seed; ``teacher``: a fixed teacher (model, file, sha256: :mod:`srforge.train.teacher`), None
     for the trainer's EMA of the weights."""
 
@@ -168,8 +175,10 @@ class SelfTraining:
         ignore_index: int = IGNORE_INDEX,
         seed: int = 0,
         teacher: tuple[torch.nn.Module, str, str] | None = None,
+        skeleton: float = 0.0,
     ):
         self.stream, self.weight, self.confidence, self.balance = stream, float(weight), float(confidence), balance
+        self.skeleton = float(skeleton)
         self.tta = tta_mode(tta)  # None or "flip"
         self.mix, self.labelled = mix, None
         self.teacher, self.teacher_file, self.teacher_digest = teacher if teacher is not None else (None,) * 3
@@ -254,11 +263,12 @@ class SelfTraining:
             image, labels = class_mix(image, labels, batch.sizes.tolist(), labelled, self.ignore_index)
         del labelled
         image, labels = self.student_view(image, labels, batch.sizes.tolist())  # the host's copy: no sync
-        totals = self.totals(labels, k)
+        tube = self.tubes(labels, batch.sizes.tolist(), k) if self.skeleton else None
+        totals = self.totals(labels, k, tube)
         loss, taught = nothing, 0
 
         def attempt(lo: int, hi: int):
-            part = (image[lo:hi], labels[lo:hi], sizes[lo:hi])
+            part = (image[lo:hi], labels[lo:hi], sizes[lo:hi], None if tube is None else tube[lo:hi])
             return backward_or_none(trainer.params, lambda: self.student_step(trainer, part, totals), device)
 
         parts = parts_of(image.shape[0], self.fitting(self.student_pixels, image.shape, trainer))
@@ -274,15 +284,32 @@ class SelfTraining:
             self.pending = torch.stack([loss.double(), torch.ones_like(real), confident, real])
         return loss
 
-    def totals(self, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The batch's labelled pixels: (all, int64; with ``balance`` per class, float64 [K], else None), which each
-        part's loss is divided by, so that the parts' losses add up to the batch's."""
+    def totals(
+        self, labels: torch.Tensor, k: int, tube: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """What each part's loss is divided by, so that the parts' losses add up to the batch's: the batch's
+        labelled pixels (all, int64; with ``balance`` per class, float64 [K], else None) and, with a ``tube``
+        [B, H, W], its (scan, class) pairs that have one (int64, else None)."""
         kept = labels != self.ignore_index
+        pairs = None
+        if tube is not None:
+            pairs = (tube.unsqueeze(1) == torch.arange(1, k, device=tube.device).view(1, -1, 1, 1)).any((2, 3)).sum()
         if not self.balance:
-            return kept.sum(), None
+            return kept.sum(), None, pairs
         ids = labels.masked_fill(~kept, 0).flatten()
         counts = torch.zeros(k, dtype=torch.float64, device=labels.device).index_add(0, ids, kept.flatten().double())
-        return kept.sum(), counts
+        return kept.sum(), counts, pairs
+
+    def tubes(self, labels: torch.Tensor, sizes: list, k: int) -> torch.Tensor:
+        """The skeleton tube (:func:`srforge.data.skeleton.skeleton_tube`) of each scan's pseudo-``labels``
+        [B, H, W] on its true extent (``sizes``, [(h, w), ...]): [B, H, W] on their device, uint8 (int64 past 256
+        classes), 0 on padding, on ignored pixels and where no tube. Made on the host, each update afresh: the
+        pseudo-labels change as the teacher does."""
+        host = labels.cpu()
+        tube = torch.zeros(labels.shape, dtype=torch.uint8 if k <= 256 else torch.int64)
+        for b, (h, w) in enumerate(sizes):
+            tube[b, :h, :w] = skeleton_tube(host[b, :h, :w], self.ignore_index)
+        return tube.to(labels.device)
 
     @staticmethod
     def fitting(pixels: int | None, shape: torch.Size, trainer) -> int:
@@ -343,13 +370,16 @@ class SelfTraining:
             return None
 
     def student_step(self, trainer, part: tuple, totals: tuple) -> torch.Tensor:
-        """Forward, loss (a share of the batch's: ``totals`` are its labelled pixels, all and per class) and backward
-        of the student on ``part`` (image, pseudo-labels, sizes); the loss, detached."""
-        image, labels, sizes = part
+        """Forward, loss (a share of the batch's: ``totals`` are :meth:`totals`) and backward of the student on
+        ``part`` (image, pseudo-labels, sizes, skeleton tube or None); the loss, detached."""
+        image, labels, sizes, tube = part
+        counted, counts, pairs = totals
         with no_sync(trainer.net):
             with autocast(trainer.device, trainer.settings.precision):
                 logits = trainer.net(image, sizes.clone())
-            loss = self.student_loss(logits, labels, *totals)
+            loss = self.student_loss(logits, labels, counted, counts)
+            if tube is not None:
+                loss = loss + self.skeleton * self.tube_loss(logits, tube, pairs)
             trainer.scaler.scale(loss * self.weight).backward()
         return loss.detach()
 
@@ -375,6 +405,14 @@ class SelfTraining:
             counts = self.totals(labels, k)[1]
         present = counts > 0
         return ((sums / counts.clamp_min(1) * present).sum() / present.sum().clamp_min(1)).float()
+
+    @staticmethod
+    def tube_loss(logits: torch.Tensor, tube: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+        """The skeleton recall loss of the student's ``logits`` [B, K, H, W] on ``tube`` [B, H, W]: the sum over its
+        (scan, class) pairs with a tube of 1 - their soft recall (:func:`srforge.train.losses.skeleton_recalls`),
+        over the batch's ``pairs``; a whole batch gives 1 - their mean recall, and its parts add up to that."""
+        recall, present = skeleton_recalls(logits, tube)
+        return ((1 - recall) * present).sum() / pairs.clamp_min(1)
 
     def commit(self, stepped: bool) -> None:
         """The update is done: its batch too (the stream's checkpointed position moves past it); its numbers count
