@@ -23,9 +23,9 @@ skeleton loss (at full, half and double weight, with the teacher's confidence at
 teacher: ``tta: flip``, the mean of each scan's four mirror images, at self-training weight 1, 2 and 3); the
 double-weight row's model then teaches a second round, and that round's a third (``train.self_training.teacher``:
 each round's best.pt, fixed, teaches a fresh student from epoch 1; choosing a round trains the rounds before it
-first), and a second round whose student is also asked to cover the skeleton of its teacher's confident curves
-(``skeleton``: the skeleton recall loss on the pseudo-labels); the renderer's own model is trained with it too, the
-fair baseline for those rows.
+first), and the same two rounds with each student also asked to cover the skeleton of its teacher's confident
+curves (``skeleton``: the skeleton recall loss on the pseudo-labels); the renderer's own model is trained with it
+too, the fair baseline for those rows.
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
 (TOTEM #9) and 6038187_v1.2.las (Scorpio E1). TOTEM #9's first 60% of depths are written as a LAS file of their
@@ -264,13 +264,15 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
                 f"loss ({where})", [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1),
                                     skeleton])
             rows[-1]["teacher"], teacher = teacher, rows[-1]["name"]  # fmt: skip
-        # the second round's student also asked to cover the skeleton of the teacher's confident curves (recall is
-        # what it lacks against the renderer's own model)
-        add(f"+ ink input, second round of self-training at double weight with the flip teacher, skeleton loss and "
-            f"skeleton recall on the pseudo-labels ({where})",
-            [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1, skeleton=SKELETON_WEIGHT),
-             skeleton])  # fmt: skip
-        rows[-1]["teacher"] = first
+        # the same rounds, each student also asked to cover the skeleton of its teacher's confident curves (recall is
+        # what the second round lacks against the renderer's own model)
+        teacher = first
+        for round_ in ("second", "third"):
+            add(f"+ ink input, {round_} round of self-training at double weight with the flip teacher, skeleton loss "
+                f"and skeleton recall on the pseudo-labels ({where})",
+                [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1,
+                                     skeleton=SKELETON_WEIGHT), skeleton])  # fmt: skip
+            rows[-1]["teacher"], teacher = teacher, rows[-1]["name"]  # fmt: skip
     return rows
 
 

@@ -98,8 +98,8 @@ def test_the_skeleton_term_asks_the_student_to_cover_each_confident_curves_media
     labels[0, :5, :6] = 0
     labels[0, 2, :5] = 1
     labels[0, 2, 5] = labels[0, 4, 0] = ignore
-    sizes = [(5, 6), (3, 4)]
-    tube = SelfTraining(None, skeleton=1.0, ignore_index=ignore).tubes(labels, sizes, k=2)
+    sizes = torch.tensor([[5, 6], [3, 4]])
+    tube = SelfTraining(None, skeleton=1.0, ignore_index=ignore).tubes(labels, sizes)
     expected = torch.zeros(2, 5, 7, dtype=torch.uint8)
     expected[0, 2, :5], expected[1, :3, :4] = 1, 1
     expected[1, 0, 3] = expected[1, 2, 3] = 0
@@ -116,7 +116,9 @@ def test_the_skeleton_term_asks_the_student_to_cover_each_confident_curves_media
     (grad,) = torch.autograd.grad(loss, logits)
     assert grad[:, 1][tube == 0].abs().max() == 0  # pixels outside the tubes, padding included, get nothing
     nothing = torch.full((1, 5, 7), ignore)  # nothing confident: no tube
-    assert SelfTraining(None, skeleton=1.0).tubes(nothing, [(5, 7)], 2).sum() == 0
+    assert SelfTraining(None, skeleton=1.0).tubes(nothing, torch.tensor([[5, 7]])).sum() == 0
+    alone = [SelfTraining(None, ignore_index=ignore).tubes(labels[b : b + 1], sizes[b : b + 1]) for b in (0, 1)]
+    assert torch.equal(torch.cat(alone), tube)  # a scan's tube does not depend on its batch company
 
 
 class Strict(torch.nn.Module):

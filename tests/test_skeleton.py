@@ -43,7 +43,7 @@ def test_a_three_pixel_band_is_covered_but_for_its_far_corners():
     band[3:6, 2:12] = 1
     skeleton = np.zeros((9, 14), bool)
     skeleton[4, 2:10] = True
-    assert np.array_equal(thin(band.numpy() > 0), skeleton)
+    assert torch.equal(thin(band > 0), torch.from_numpy(skeleton))
     expected = band.clone()
     expected[3, 11] = expected[5, 11] = 0
     assert torch.equal(skeleton_tube(band, 255), expected)
@@ -58,8 +58,8 @@ def test_a_thick_blob_keeps_a_band_around_its_medial_line_and_ignore_is_no_class
     tube = skeleton_tube(mask, 255)
     skeleton = np.zeros((13, 16), bool)
     skeleton[6, 4:10] = True
-    assert np.array_equal(thin(mask.numpy() == 2), skeleton)
-    assert torch.equal(tube, torch.from_numpy(widen(skeleton, 2) * 2).to(torch.uint8))
+    assert torch.equal(thin(mask == 2), torch.from_numpy(skeleton))
+    assert torch.equal(tube, widen(torch.from_numpy(skeleton), 2).to(torch.uint8) * 2)
     assert set(tube.unique().tolist()) == {0, 2} and tube[0].eq(0).all()
 
 

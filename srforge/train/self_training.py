@@ -23,7 +23,7 @@ gradients are averaged across ranks, takes one batch of this rank's unlabelled s
    seeing curves on the target's paper, labelled truly, where the teacher alone would label mostly background;
 4. the student's cross-entropy over the labelled pixels of that view (with ``balance``, each class's mean, averaged
    over the classes present), plus, with ``skeleton``, that weight times the skeleton recall loss on the view's
-   pseudo-labels (:meth:`SelfTraining.tubes`), all times ``weight``, is added to the gradients.
+   pseudo-labels (:meth:`SelfTraining.tubes`, made on the device), all times ``weight``, is added to the gradients.
 
 A teacher that is rarely sure of a thin class (curves: a few per cent of the pixels) labels almost nothing but
 background at a global threshold, and the student then learns to miss curves: ``balance`` is for that. The
@@ -263,7 +263,7 @@ class SelfTraining:
             image, labels = class_mix(image, labels, batch.sizes.tolist(), labelled, self.ignore_index)
         del labelled
         image, labels = self.student_view(image, labels, batch.sizes.tolist())  # the host's copy: no sync
-        tube = self.tubes(labels, batch.sizes.tolist(), k) if self.skeleton else None
+        tube = self.tubes(labels, sizes) if self.skeleton else None
         totals = self.totals(labels, k, tube)
         loss, taught = nothing, 0
 
@@ -300,16 +300,13 @@ class SelfTraining:
         counts = torch.zeros(k, dtype=torch.float64, device=labels.device).index_add(0, ids, kept.flatten().double())
         return kept.sum(), counts, pairs
 
-    def tubes(self, labels: torch.Tensor, sizes: list, k: int) -> torch.Tensor:
+    def tubes(self, labels: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
         """The skeleton tube (:func:`srforge.data.skeleton.skeleton_tube`) of each scan's pseudo-``labels``
-        [B, H, W] on its true extent (``sizes``, [(h, w), ...]): [B, H, W] on their device, uint8 (int64 past 256
-        classes), 0 on padding, on ignored pixels and where no tube. Made on the host, each update afresh: the
-        pseudo-labels change as the teacher does."""
-        host = labels.cpu()
-        tube = torch.zeros(labels.shape, dtype=torch.uint8 if k <= 256 else torch.int64)
-        for b, (h, w) in enumerate(sizes):
-            tube[b, :h, :w] = skeleton_tube(host[b, :h, :w], self.ignore_index)
-        return tube.to(labels.device)
+        [B, H, W] on its true extent (``sizes`` [B, 2]): [B, H, W] on their device, uint8 (int64 past 255
+        classes), 0 on padding, on ignored pixels and where no tube. Made for the whole batch at once, on the
+        device, each update afresh: the pseudo-labels change as the teacher does."""
+        within = valid_mask(sizes, labels.shape[-2], labels.shape[-1])[:, 0]
+        return skeleton_tube(labels.masked_fill(~within, self.ignore_index), self.ignore_index)
 
     @staticmethod
     def fitting(pixels: int | None, shape: torch.Size, trainer) -> int:
