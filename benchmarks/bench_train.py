@@ -11,9 +11,10 @@ On synthetic well-log scans at 1/8 scale (heights 60-80, widths 400-1,600), one 
 - on CUDA, one training step at configs/welllog.yaml's budget (its data.max_pixels of 640 x 4,800 scans, its
   model and precision), with the peak GPU memory;
 - what the thin-structure loss (``train.skeleton_weight``) and self-training (``train.self_training`` on the
-  quickstart's own images as unlabelled scans) cost: configs/quickstart.yaml trained 2 epochs with data.cache, each
-  setting run twice in turns, the second epoch's seconds (tubes and decoded scans cached) against the plain run's
-  (goal for the skeleton loss <= 1.15x); the first epoch's too, which makes the tubes.
+  quickstart's own images as unlabelled scans, without and with its ``skeleton`` term) cost: configs/quickstart.yaml
+  trained 2 epochs with data.cache, each setting run twice in turns, the second epoch's seconds (tubes and decoded
+  scans cached) against the plain run's (goal for the skeleton loss <= 1.15x); the first epoch's too, which makes
+  the tubes.
 
 Every strategy runs the same optimizer (AdamW) and loss on the same scans, one epoch each, after a warm-up step on
 every batch shape it will meet on CUDA (kernel selection and allocator blocks are per shape there; on the CPU one
@@ -181,7 +182,8 @@ def welllog_budget_step(device: torch.device, repeats: int = 3) -> dict:
 
 def extras_cost(tmp: Path, device: torch.device, rounds: int = 2) -> dict:
     """{setting: (epoch-1 seconds, epoch-2 seconds), mean over ``rounds`` turns} for the quickstart trained plain,
-    with ``train.skeleton_weight=1`` and with self-training on its own images; the ratios against plain."""
+    with ``train.skeleton_weight=1``, with self-training on its own images and with that and the skeleton recall
+    loss on its pseudo-labels (``skeleton``: tubes made each update); the ratios against plain."""
     data = tmp / "quickstart"
     common = [f"data.synthetic.root={data}", f"data.dataset.args.root={data}", f"data.cache={tmp / 'cache'}",
               f"run.device={device}", "train.epochs=2"]  # fmt: skip
@@ -190,6 +192,8 @@ def extras_cost(tmp: Path, device: torch.device, rounds: int = 2) -> dict:
         "skeleton loss": ["train.skeleton_weight=1.0"],
         "self-training": [f"data.unlabelled={data / 'images'}", "train.ema=0.99",
                           "train.self_training={weight: 1.0, confidence: 0.9, start_epoch: 1}"],
+        "+ its skeleton": [f"data.unlabelled={data / 'images'}", "train.ema=0.99",
+                           "train.self_training={weight: 1.0, confidence: 0.9, start_epoch: 1, skeleton: 1.0}"],
     }  # fmt: skip
     seconds: dict[str, list] = {name: [] for name in settings}
     for turn in range(rounds + 1):  # turn 0 fills the cache (decoded scans, tubes) and is not counted

@@ -198,7 +198,7 @@ def unlabelled_step(
     return loss, [None if p.grad is None else p.grad.clone() for p in net.parameters()], self_training.pending
 
 
-@pytest.mark.parametrize(("balance", "skeleton"), [(False, 0.0), (True, 0.0), (False, 2.0)])
+@pytest.mark.parametrize(("balance", "skeleton"), [(False, 0.0), (True, 0.0), (False, 2.0), (True, 2.0)])
 def test_an_unlabelled_batch_out_of_memory_is_redone_in_parts_to_the_same_loss_and_gradients(
     tmp_path, balance, skeleton
 ):

@@ -57,6 +57,8 @@ def thin(binary: torch.Tensor) -> torch.Tensor:
     """
     binary = binary.bool()
     out = torch.zeros_like(binary)
+    if binary.numel() == 0:
+        return out
     flat = binary.reshape(-1, *binary.shape[-2:]).any(0)
     rows, cols = flat.any(1).nonzero()[:, 0], flat.any(0).nonzero()[:, 0]
     if rows.numel() == 0:

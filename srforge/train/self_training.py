@@ -33,7 +33,9 @@ medial line of every confident curve piece, a faint thin stretch as much as a bo
 
 A part of the batch that runs out of memory, in the teacher or the student, is redone in halves, as the labelled
 batches are, and later batches start in parts no larger than the last that was tried; the student's halves are each
-normalised by the whole batch's labelled pixels, so that their sum is the batch's loss. A scan the teacher cannot
+normalised by the whole batch's labelled pixels (and the skeleton term by its (scan, class) pairs with a tube), so
+that their sum is the batch's loss. The tubes are made for the whole batch before its parts (a few bytes a pixel,
+against the student's many channels). A scan the teacher cannot
 hold alone skips the update's unlabelled batch; one the student cannot hold alone is left out of it (its pixels
 still in the normaliser, so that loss is a little smaller), each said on the console. A batch none of whose scans
 decodes teaches nothing either. Every update takes exactly one batch on every rank, so that the ranks' positions in
@@ -45,7 +47,8 @@ fixed teacher has learned already: an earlier run's model (a first round of self
 trained on synthetic scans) labels the archive for a fresh student from epoch 1 (Noisy Student, Xie et al., CVPR
 2020, trains each round's student afresh on its teacher's labels), and train.ema is then optional.
 The update's row sums (loss, batches, confident pixels, real pixels) become the metrics row's ``unlabelled_loss``
-(mean over the epoch's updates) and ``confident_share`` (confident pixels over the scans' real pixels).
+(mean over the epoch's updates of the student's unlabelled loss, its skeleton term included, before ``weight``)
+and ``confident_share`` (confident pixels over the scans' real pixels).
 """
 
 from __future__ import annotations
@@ -292,8 +295,10 @@ class SelfTraining:
         [B, H, W], its (scan, class) pairs that have one (int64, else None)."""
         kept = labels != self.ignore_index
         pairs = None
-        if tube is not None:
-            pairs = (tube.unsqueeze(1) == torch.arange(1, k, device=tube.device).view(1, -1, 1, 1)).any((2, 3)).sum()
+        if tube is not None:  # class by class: a [B, K-1, H, W] comparison would cost K-1 bytes a pixel at once
+            pairs = sum(
+                ((tube == c).flatten(1).any(1).sum() for c in range(1, k)), tube.new_zeros((), dtype=torch.int64)
+            )
         if not self.balance:
             return kept.sum(), None, pairs
         ids = labels.masked_fill(~kept, 0).flatten()
