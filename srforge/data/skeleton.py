@@ -4,9 +4,10 @@ For each class c other than 0 (background) the pixels of class c are thinned to 
 thinning with Lü and Wang's correction, 8-connected; specks of at most 2 x 2 px thin away and have no tube, which
 the cross-entropy still counts), the skeleton is widened by ``TUBE_RADIUS`` steps of the 4-neighbourhood (a diamond:
 pixels within L1 distance 2), and the result is cut back to the pixels of class c: ``tube[y, x] = c`` there, 0
-elsewhere. A 1-px curve is its own tube; a band 3 px wide is covered whole; a thick blob keeps only a band around its
-medial line, so that recall on the tube weighs a long thin curve as much as a short fat one (Skeleton Recall,
-Kirchhoff et al., ECCV 2024). Pixels of ``ignore_index`` belong to no class and so to no tube.
+elsewhere. A 1-px curve is its own tube; a band 3 px wide is covered but for the corners at its far end; a thick
+blob keeps only a band around its medial line, so that recall on the tube weighs a long thin curve as much as a
+short fat one (Skeleton Recall, Kirchhoff et al., ECCV 2024). Pixels of ``ignore_index`` belong to no class and
+so to no tube.
 
 The tube is made once per scan, from the mask as decoded (before rescaling, cropping and augmentation, which move it
 with the mask); with ``data.cache`` it is kept there, keyed by the mask's bytes
