@@ -510,6 +510,20 @@ def test_a_run_interrupted_while_the_teacher_labels_resumes_to_the_same_bits(tmp
     assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
 
 
+def test_a_run_with_the_skeleton_term_learns_otherwise_and_resumes_to_the_same_bits(tmp_path, monkeypatch):
+    """train.self_training.skeleton reaches the student's loss (the run ends elsewhere than without it), and a run
+    cut while the teacher labels resumes to the bits of one never stopped (the tubes come from the labels alone)."""
+    folder = unlabelled_folder(tmp_path / "scans")
+    spec = {"skeleton": 1.0}
+    train(self_training_config(tmp_path / "straight", folder, spec))
+    cut_while_teaching(monkeypatch, self_training_config(tmp_path / "cut", folder, spec))
+    train(self_training_config(tmp_path / "cut", folder, spec), resume=tmp_path / "cut")
+    train(self_training_config(tmp_path / "without", folder))
+    a, b, c = (load_checkpoint(tmp_path / run / "last.pt")["model"] for run in ("straight", "cut", "without"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
 def test_a_fixed_teacher_needs_no_ema_and_a_resume_keeps_it_or_refuses(tmp_path, monkeypatch):
     """A first run's best.pt teaches a second run without train.ema from epoch 1; the second run, cut while its
     teacher labels and resumed, ends in the bits of the run that went straight through, and a resume whose teacher
