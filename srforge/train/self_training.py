@@ -35,9 +35,9 @@ A part of the batch that runs out of memory, in the teacher or the student, is r
 batches are, and later batches start in parts no larger than the last that was tried; the student's halves are each
 normalised by the whole batch's labelled pixels (and the skeleton term by its (scan, class) pairs with a tube), so
 that their sum is the batch's loss. The tubes are made for the whole batch before its parts (a few bytes a pixel,
-against the student's many channels). A scan the teacher cannot
-hold alone skips the update's unlabelled batch; one the student cannot hold alone is left out of it (its pixels
-still in the normaliser, so that loss is a little smaller), each said on the console. A batch none of whose scans
+against the student's many channels). A scan the teacher cannot hold alone skips the update's unlabelled batch;
+one the student cannot hold alone is left out of it (its pixels still in the normaliser, so that loss is a little
+smaller), each said on the console. A batch none of whose scans
 decodes teaches nothing either. Every update takes exactly one batch on every rank, so that the ranks' positions in
 their streams (the checkpoint keeps rank 0's) stay alike. The stream's batches stay cut by the budget the run
 started with.
