@@ -257,22 +257,19 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
             add(f"+ ink input, {times}-weight self-training with the flip teacher and skeleton loss ({where})",
                 [INK, *learning_from(unlabelled[kind], tta="flip", weight=weight), skeleton])  # fmt: skip
         # rounds (Noisy Student): the last round's model, fixed, teaches a fresh student from epoch 1; the first round
-        # is the double-weight row
-        first = teacher = rows[-2]["name"]
-        for round_ in ("second", "third"):
-            add(f"+ ink input, {round_} round of self-training at double weight with the flip teacher and skeleton "
-                f"loss ({where})", [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1),
-                                    skeleton])
-            rows[-1]["teacher"], teacher = teacher, rows[-1]["name"]  # fmt: skip
-        # the same rounds, each student also asked to cover the skeleton of its teacher's confident curves (recall is
-        # what the second round lacks against the renderer's own model)
-        teacher = first
-        for round_ in ("second", "third"):
-            add(f"+ ink input, {round_} round of self-training at double weight with the flip teacher, skeleton loss "
-                f"and skeleton recall on the pseudo-labels ({where})",
-                [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1,
-                                     skeleton=SKELETON_WEIGHT), skeleton])  # fmt: skip
-            rows[-1]["teacher"], teacher = teacher, rows[-1]["name"]  # fmt: skip
+        # is the double-weight row. Then the same rounds with each student also asked to cover the skeleton of its
+        # teacher's confident curves (recall is what the second round lacks against the renderer's own model).
+        first = rows[-2]["name"]
+        for losses, options in ((" and skeleton loss", {}),
+                                (", skeleton loss and skeleton recall on the pseudo-labels",
+                                 {"skeleton": SKELETON_WEIGHT})):  # fmt: skip
+            teacher = first
+            for round_ in ("second", "third"):
+                add(f"+ ink input, {round_} round of self-training at double weight with the flip teacher{losses} "
+                    f"({where})",
+                    [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1, **options),
+                     skeleton])  # fmt: skip
+                rows[-1]["teacher"], teacher = teacher, rows[-1]["name"]  # fmt: skip
     return rows
 
 
