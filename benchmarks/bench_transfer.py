@@ -24,8 +24,10 @@ teacher: ``tta: flip``, the mean of each scan's four mirror images, at self-trai
 double-weight row's model then teaches a second round, and that round's a third (``train.self_training.teacher``:
 each round's best.pt, fixed, teaches a fresh student from epoch 1; choosing a round trains the rounds before it
 first), and the same two rounds with each student also asked to cover the skeleton of its teacher's confident
-curves (``skeleton``: the skeleton recall loss on the pseudo-labels); the renderer's own model is trained with it
-too, the fair baseline for those rows.
+curves (``skeleton``: the skeleton recall loss on the pseudo-labels), the second of them also with that term at half
+and double weight; the renderer's own model is trained with the ink input too, the fair baseline for those rows.
+``--unlabelled-scans N`` sets how many scans the renderer draws over each dev and test set's depths for
+self-training (default 24; the test scans' own images stay the test sets' 24).
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
 (TOTEM #9) and 6038187_v1.2.las (Scorpio E1). TOTEM #9's first 60% of depths are written as a LAS file of their
@@ -40,6 +42,7 @@ training scans, the split and the initial weights; the dev and test sets are the
 
     python benchmarks/bench_transfer.py [--seeds 0 1] [--variants WORD ...] [--las-dir DIR] [--work DIR]
                                         [--scale 0.125] [--depth 4] [--epochs 12] [--test-scans 24]
+                                        [--unlabelled-scans 24]
                                         [--threads 1] [--reuse] [--tta] [--quick] [--make-sets DIR]
                                         [--out FILE.json]
 
@@ -105,6 +108,7 @@ class Setting:
     test_scans: int = 24
     epochs: int = 12
     depth: int = 4
+    unlabelled_scans: int = 24  # drawn over each dev and test set's depths with other seeds, for self-training
 
     @property
     def max_pixels(self) -> int:
@@ -197,7 +201,7 @@ def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -
     folders = []
     for name, seed in UNLABELLED_SEEDS.items():
         well = log_plotter.read_well(splits["train" if name == "dev" else name])
-        folders.append(log_plotter.write_scans(well, target / name, setting.test_scans, seed=seed,
+        folders.append(log_plotter.write_scans(well, target / name, setting.unlabelled_scans, seed=seed,
                                                scale=setting.scale) / "images")  # fmt: skip
     return folders
 
@@ -270,6 +274,14 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
                     [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1, **options),
                      skeleton])  # fmt: skip
                 rows[-1]["teacher"], teacher = teacher, rows[-1]["name"]  # fmt: skip
+        # the pseudo-labels' skeleton term trades tolerance precision for recall: its weight either side of 1, for
+        # dev to choose (second round only)
+        for times, weight in (("half", SKELETON_WEIGHT / 2), ("double", SKELETON_WEIGHT * 2)):
+            add(f"+ ink input, second round of self-training at double weight with the flip teacher, skeleton loss "
+                f"and {times}-weight skeleton recall on the pseudo-labels ({where})",
+                [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1, skeleton=weight),
+                 skeleton])  # fmt: skip
+            rows[-1]["teacher"] = first
     return rows
 
 
@@ -339,7 +351,8 @@ def slug(name: str) -> str:
 
 
 def run_key(setting: Setting, seed: int) -> str:
-    return f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}_e{setting.epochs}_d{setting.depth}"
+    return (f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}_e{setting.epochs}_d{setting.depth}"
+            f"_u{setting.unlabelled_scans}")  # fmt: skip
 
 
 def with_teachers(chosen: list[dict], every: list[dict]) -> list[dict]:
@@ -508,6 +521,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=4, help="UNet depth (default 4)")
     parser.add_argument("--epochs", type=int, default=12, help="training epochs (default 12, the quickstart's)")
     parser.add_argument("--test-scans", type=int, default=24, help="scans in each dev and test set (default 24)")
+    parser.add_argument("--unlabelled-scans", type=int, default=Setting.unlabelled_scans,
+                        help="unlabelled scans drawn over each dev and test set's depths (default 24)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=THREADS, help="torch's intra-op threads (default 1)")
     parser.add_argument(
         "--reuse",
@@ -525,9 +540,10 @@ def parse(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse(argv)
     torch.set_num_threads(args.threads)
-    setting = Setting(scale=args.scale, test_scans=args.test_scans, epochs=args.epochs, depth=args.depth)
+    setting = Setting(scale=args.scale, test_scans=args.test_scans, epochs=args.epochs, depth=args.depth,
+                      unlabelled_scans=args.unlabelled_scans)  # fmt: skip
     if args.quick:
-        setting = Setting(scale=0.0625, train_scans=10, test_scans=3, epochs=1, depth=3)
+        setting = Setting(scale=0.0625, train_scans=10, test_scans=3, epochs=1, depth=3, unlabelled_scans=3)
         args.seeds = args.seeds[:1]
         args.work = args.work.parent / f"{args.work.name}_quick"
     try:
@@ -548,7 +564,7 @@ def run(args, setting: Setting, las: dict) -> int:
     sets = render_sets(las, args.work / f"sets_{renderer_version()}_n{setting.test_scans}_s{setting.scale:g}", setting)
     unlabelled = {
         "other seed": render_unlabelled(
-            las, args.work / f"unlabelled_{renderer_version()}_n{setting.test_scans}_s{setting.scale:g}", setting
+            las, args.work / f"unlabelled_{renderer_version()}_n{setting.unlabelled_scans}_s{setting.scale:g}", setting
         ),
         "test images": [sets[name] / "images" for name in ("dev", "test_same_well", "test_other_well")],
     }
