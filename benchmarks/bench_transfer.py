@@ -25,9 +25,10 @@ double-weight row's model then teaches a second round, and that round's a third 
 each round's best.pt, fixed, teaches a fresh student from epoch 1; choosing a round trains the rounds before it
 first), and the same two rounds with each student also asked to cover the skeleton of its teacher's confident
 curves (``skeleton``: the skeleton recall loss on the pseudo-labels), the second of them also with that term at half
-and double weight; the renderer's own model is trained with the ink input too, the fair baseline for those rows.
+and double weight, and with the student's views also flipped upside down (``vflip``, more noise for the student, as
+Noisy Student has it); the renderer's own model is trained with the ink input too, the fair baseline for those rows.
 ``--unlabelled-scans N`` sets how many scans the renderer draws over each dev and test set's depths for
-self-training (default 24; the test scans' own images stay the test sets' 24).
+self-training (default 24; the test scans' own images stay the test sets', ``--test-scans``).
 
 The curves are lasio's example LAS files (lasio 0.31's source distribution, tests/examples/): logging_levels.las
 (TOTEM #9) and 6038187_v1.2.las (Scorpio E1). TOTEM #9's first 60% of depths are written as a LAS file of their
@@ -282,6 +283,13 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
                 [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1, skeleton=weight),
                  skeleton])  # fmt: skip
             rows[-1]["teacher"] = first
+        # more noise for the student (Noisy Student): its view also flipped upside down, the symmetry the flip
+        # teacher already assumes
+        add(f"+ ink input, second round at double weight with the flip teacher, skeleton loss, skeleton recall on "
+            f"the pseudo-labels and upside-down student views ({where})",
+            [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1, skeleton=SKELETON_WEIGHT,
+                                 augment={**SELF_TRAINING["augment"], "vflip": 0.5}), skeleton])  # fmt: skip
+        rows[-1]["teacher"] = first
     return rows
 
 
@@ -350,9 +358,14 @@ def slug(name: str) -> str:
     return "_".join(word for word in words if word)
 
 
-def run_key(setting: Setting, seed: int) -> str:
-    return (f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}_e{setting.epochs}_d{setting.depth}"
-            f"_u{setting.unlabelled_scans}")  # fmt: skip
+def run_key(setting: Setting, seed: int, unlabelled: bool = False) -> str:
+    """A run folder's key; ``unlabelled``: the variant reads unlabelled scans, whose number it names too."""
+    key = f"seed{seed}_n{setting.train_scans}_s{setting.scale:g}_e{setting.epochs}_d{setting.depth}"
+    return f"{key}_u{setting.unlabelled_scans}" if unlabelled else key
+
+
+def reads_unlabelled(overrides: list[str]) -> bool:
+    return any(o.startswith("data.unlabelled=") for o in overrides)
 
 
 def with_teachers(chosen: list[dict], every: list[dict]) -> list[dict]:
@@ -378,7 +391,7 @@ def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_tr
     is generated afresh; with ``reuse``, a model trained on the renderer's scans by an earlier run of the same
     renderer, setting and seed is kept (its seconds are that run's). A variant with a ``teacher`` learns from that
     variant's best.pt of the same seed (train.self_training.teacher), trained before it (:func:`with_teachers`)."""
-    key, name = run_key(setting, seed), slug(variant["name"])
+    key, name = run_key(setting, seed, reads_unlabelled(variant["overrides"])), slug(variant["name"])
     renderer = f"renderer_{renderer_version()}{'_ink' if INK in variant['overrides'] else ''}_{key}"
     run_dir = work / "runs" / (f"{name}_{key}" if variant["kind"] == "srforge" else renderer)
     done = run_dir / "bench_transfer_seconds.json"
@@ -392,7 +405,8 @@ def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_tr
     else:
         overrides += ["data.synthetic.root=null", f"data.dataset.args.root={own_train}", *variant["overrides"]]
     if variant.get("teacher"):
-        teacher = work / "runs" / f"{slug(variant['teacher'])}_{key}" / "best.pt"
+        # a teacher is a round of self-training: its folder names the unlabelled scans too
+        teacher = work / "runs" / f"{slug(variant['teacher'])}_{run_key(setting, seed, True)}" / "best.pt"
         overrides.append(f"train.self_training.teacher={teacher}")
     cfg = load_config(CONFIG, overrides)
     start = time.perf_counter()

@@ -1,0 +1,42 @@
+"""benchmarks/bench_transfer.py's variants: every one can have its run folder (a file name the OS takes), no two share
+one, and only the runs that read unlabelled scans are told apart by how many the renderer drew a set."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lasio", reason="the las extra (lasio): bench_transfer's renderer reads LAS files")
+pytest.importorskip("matplotlib", reason="the bench extra (matplotlib) draws the renderer's scans")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_transfer  # noqa: E402
+
+NAME_MAX = 255  # bytes in one file name on Linux's file systems (ext4, xfs, tmpfs)
+
+
+def _variants() -> list[dict]:
+    unlabelled = {"other seed": [Path("u/dev/images")], "test images": [Path("sets/dev/images")]}
+    return bench_transfer.variants(Path("train.las"), unlabelled, epochs=12)
+
+
+def test_every_run_folder_name_fits_and_is_its_own():
+    setting = bench_transfer.Setting(unlabelled_scans=1000)  # the longest key a run is likely to be given
+    folders = [f"{bench_transfer.slug(v['name'])}_{bench_transfer.run_key(setting, 1, True)}" for v in _variants()]
+    too_long = [f for f in folders if len(f.encode()) > NAME_MAX]
+    assert not too_long, f"run folder names over {NAME_MAX} bytes: {too_long}"
+    assert len(set(folders)) == len(folders)
+
+
+def test_only_runs_that_read_unlabelled_scans_name_their_number():
+    setting = bench_transfer.Setting(unlabelled_scans=72)
+    every = _variants()
+    readers = [v for v in every if bench_transfer.reads_unlabelled(v["overrides"])]
+    assert readers and len(readers) < len(every)
+    assert all(v in readers for v in every if "self-training" in v["name"])
+    assert not any(v["kind"] == "renderer" for v in readers)  # the renderer's own models are shared by every N
+    assert bench_transfer.run_key(setting, 0, True).endswith("_u72")
+    assert "_u" not in bench_transfer.run_key(setting, 0)
+    # a teacher is always a run that reads unlabelled scans (train_variant finds its folder by that key)
+    named = {v["name"]: v for v in every}
+    teachers = {v["teacher"] for v in every if v.get("teacher")}
+    assert teachers and all(bench_transfer.reads_unlabelled(named[t]["overrides"]) for t in teachers)
