@@ -221,6 +221,13 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
         return [f"data.unlabelled={json.dumps([str(f) for f in folders])}", f"train.ema={EMA}",
                 f"train.self_training={json.dumps({**spec, **options})}"]  # fmt: skip
 
+    def later_round(name: str, folders: list[Path], teacher: str, **options) -> None:
+        """A round after the first: ``teacher``'s model, fixed, labels ``folders`` for a fresh student from epoch 1
+        (double weight, the flip teacher, the ink input and the skeleton loss, as the first round has them)."""
+        add(f"+ ink input, {name}", [INK, *learning_from(folders, tta="flip", weight=2.0, start_epoch=1, **options),
+                                     f"train.skeleton_weight={SKELETON_WEIGHT}"])  # fmt: skip
+        rows[-1]["teacher"] = teacher
+
     add("+ self-training on other renderer scans", learning_from(unlabelled["other seed"]))
     add("+ self-training on the test scans' images", learning_from(unlabelled["test images"]))
     add("+ class-balanced self-training on other renderer scans",
@@ -270,26 +277,21 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
                                  {"skeleton": SKELETON_WEIGHT})):  # fmt: skip
             teacher = first
             for round_ in ("second", "third"):
-                add(f"+ ink input, {round_} round of self-training at double weight with the flip teacher{losses} "
-                    f"({where})",
-                    [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1, **options),
-                     skeleton])  # fmt: skip
-                rows[-1]["teacher"], teacher = teacher, rows[-1]["name"]  # fmt: skip
+                later_round(f"{round_} round of self-training at double weight with the flip teacher{losses} ({where})",
+                            unlabelled[kind], teacher, **options)  # fmt: skip
+                teacher = rows[-1]["name"]
         # the pseudo-labels' skeleton term trades tolerance precision for recall: its weight either side of 1, for
         # dev to choose (second round only)
         for times, weight in (("half", SKELETON_WEIGHT / 2), ("double", SKELETON_WEIGHT * 2)):
-            add(f"+ ink input, second round of self-training at double weight with the flip teacher, skeleton loss "
-                f"and {times}-weight skeleton recall on the pseudo-labels ({where})",
-                [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1, skeleton=weight),
-                 skeleton])  # fmt: skip
-            rows[-1]["teacher"] = first
+            later_round(f"second round of self-training at double weight with the flip teacher, skeleton loss and "
+                        f"{times}-weight skeleton recall on the pseudo-labels ({where})",
+                        unlabelled[kind], first, skeleton=weight)  # fmt: skip
         # more noise for the student (Noisy Student): its view also flipped upside down, the symmetry the flip
         # teacher already assumes
-        add(f"+ ink input, second round at double weight with the flip teacher, skeleton loss, skeleton recall on "
-            f"the pseudo-labels and upside-down student views ({where})",
-            [INK, *learning_from(unlabelled[kind], tta="flip", weight=2.0, start_epoch=1, skeleton=SKELETON_WEIGHT,
-                                 augment={**SELF_TRAINING["augment"], "vflip": 0.5}), skeleton])  # fmt: skip
-        rows[-1]["teacher"] = first
+        later_round(f"second round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
+                    f"pseudo-labels and upside-down student views ({where})",
+                    unlabelled[kind], first, skeleton=SKELETON_WEIGHT,
+                    augment={**SELF_TRAINING["augment"], "vflip": 0.5})  # fmt: skip
     return rows
 
 
