@@ -194,6 +194,7 @@ SKELETON_WEIGHT = 1.0
 UNLABELLED_SEEDS = {"dev": 2001, "test_same_well": 2002, "test_other_well": 2003}
 # UNet(ink=True): each scan as its darkness against its own paper, in its darkest channel (srforge.models.ink).
 INK = "model.args.ink=true"
+DROPOUTS = (0.1, 0.5)  # UNet(dropout=p) for the student of a later round, and for the renderer's own model beside it
 
 
 def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:
@@ -221,11 +222,12 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
         return [f"data.unlabelled={json.dumps([str(f) for f in folders])}", f"train.ema={EMA}",
                 f"train.self_training={json.dumps({**spec, **options})}"]  # fmt: skip
 
-    def later_round(name: str, folders: list[Path], teacher: str, **options) -> None:
+    def later_round(name: str, folders: list[Path], teacher: str, extra: tuple[str, ...] = (), **options) -> None:
         """A round after the first: ``teacher``'s model, fixed, labels ``folders`` for a fresh student from epoch 1
-        (double weight, the flip teacher, the ink input and the skeleton loss, as the first round has them)."""
+        (double weight, the flip teacher, the ink input and the skeleton loss, as the first round has them);
+        ``extra``: more overrides of the student's run."""
         add(f"+ ink input, {name}", [INK, *learning_from(folders, tta="flip", weight=2.0, start_epoch=1, **options),
-                                     f"train.skeleton_weight={SKELETON_WEIGHT}"])  # fmt: skip
+                                     f"train.skeleton_weight={SKELETON_WEIGHT}", *extra])  # fmt: skip
         rows[-1]["teacher"] = teacher
 
     add("+ self-training on other renderer scans", learning_from(unlabelled["other seed"]))
@@ -292,6 +294,13 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
                     f"pseudo-labels and upside-down student views ({where})",
                     unlabelled[kind], first, skeleton=SKELETON_WEIGHT,
                     augment={**SELF_TRAINING["augment"], "vflip": 0.5})  # fmt: skip
+        # model noise for the student (Noisy Student's third kind): dropout before the head, at segmentation heads'
+        # usual 0.1 and Noisy Student's 0.5; the teacher predicts in eval mode, without it
+        for rate in DROPOUTS:
+            later_round(f"second round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
+                        f"pseudo-labels and dropout {rate} in the student ({where})",
+                        unlabelled[kind], first, extra=(f"model.args.dropout={rate}",),
+                        skeleton=SKELETON_WEIGHT)  # fmt: skip
     return rows
 
 
@@ -322,6 +331,9 @@ def variants(las_train: Path, unlabelled: dict[str, list[Path]] | None = None, e
     rows.append({"name": "the renderer's own scans (48)", "kind": "renderer", "overrides": [], "missing": ""})
     rows.append({"name": "the renderer's own scans (48), ink input", "kind": "renderer", "overrides": [INK],
                  "missing": ""})  # fmt: skip
+    for rate in DROPOUTS:  # the bar with the model noise a student may have
+        rows.append({"name": f"the renderer's own scans (48), dropout {rate}", "kind": "renderer",
+                     "overrides": [f"model.args.dropout={rate}"], "missing": ""})  # fmt: skip
     rows.append({"name": "threshold (best global darkness, chosen on each set)", "kind": "threshold",
                  "overrides": [], "missing": ""})  # fmt: skip
     return rows

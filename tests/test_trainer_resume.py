@@ -1,7 +1,7 @@
 """Resuming a run (--resume, train(cfg, resume=...)): the same bits as a run never stopped, from an epoch's end or
-mid-epoch, with rescaled scans and accumulated updates, the CUDA RNG state given to the current device; a copied
-run resumed in the copy; resumes that would change the model or the data, or cut another world size's epoch,
-refused before anything is written.
+mid-epoch, with rescaled scans, accumulated updates and dropout (each update's own generator), the CUDA RNG state
+given to the current device; a copied run resumed in the copy; resumes that would change the model or the data,
+or cut another world size's epoch, refused before anything is written.
 """
 
 import json
@@ -150,6 +150,55 @@ def test_a_ctrl_c_inside_an_update_saves_its_start_and_the_resumed_run_redoes_it
     b = load_checkpoint(tmp_path / "cut" / "last.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
+
+
+def dropout_config(run_dir, **train):
+    """tiny_config with dropout before the UNet's head (model.args.dropout): the model draws in every update."""
+    cfg = tiny_config(run_dir, **train)
+    return resolve({**cfg, "model": {**cfg["model"], "args": {"dropout": 0.5}}})
+
+
+def test_dropout_resumes_exactly_from_a_ctrl_c_inside_an_update(tmp_path, monkeypatch):
+    """The masks an update draws come from its own generator (run seed, step, rank), so the update a Ctrl-C cut
+    short after its first forward is redone with the masks the straight run drew."""
+    import srforge.train.assemble as trainer
+
+    train(dropout_config(tmp_path / "straight", accumulate=2))
+    real_loss, calls = trainer.segmentation_loss, []
+
+    def interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:  # epoch 2, inside its first update: one forward with dropout already drawn
+            raise KeyboardInterrupt
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "segmentation_loss", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(dropout_config(tmp_path / "cut", accumulate=2))
+    monkeypatch.setattr(trainer, "segmentation_loss", real_loss)
+    assert load_checkpoint(tmp_path / "cut" / "last.pt")["step"] == 2
+    train(dropout_config(tmp_path / "cut", accumulate=2), resume=tmp_path / "cut")
+    a = assert_same_end(tmp_path / "straight", tmp_path / "cut")
+    # ... and dropout did draw: without it the same run ends elsewhere
+    train(tiny_config(tmp_path / "plain", accumulate=2))
+    c = load_checkpoint(tmp_path / "plain" / "last.pt")
+    assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
+
+
+def test_an_updates_generator_is_its_own_per_step_and_rank_and_leaves_the_runs_as_it_was():
+    from srforge.train.rng import update_randomness
+
+    def draws(step, rank):
+        with update_randomness(7, step, rank, torch.device("cpu")):
+            return torch.rand(4)
+
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    first = draws(3, 0)
+    assert torch.equal(torch.get_rng_state(), before)  # the run's generator is where it was
+    assert torch.equal(draws(3, 0), first)
+    assert not torch.equal(draws(3, 1), first)  # each rank its own masks
+    assert not torch.equal(draws(4, 0), first)  # each update its own
 
 def test_resume_gives_the_current_device_its_cuda_rng_state(tmp_path, monkeypatch):
     """A checkpoint holds the CUDA RNG state of its process's device; a resume gives it to the current device.

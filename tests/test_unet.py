@@ -1,5 +1,5 @@
 """UNet: shapes, input checks, the depth bound, normalisation, batch independence of the padding-aware mode,
-and activation checkpointing (the plain step's gradients, under compile too)."""
+activation checkpointing (the plain step's gradients, under compile too) and dropout before the head."""
 
 import os
 
@@ -301,3 +301,28 @@ def test_checkpointing_composes_with_compile():
     finally:
         torch._dynamo.reset()
     assert max((a.grad - b.grad).abs().max().item() for a, b in zip(model.parameters(), eager.parameters())) <= 1e-6
+
+
+# -- dropout before the head ----------------------------------------------------------------------------------------
+def test_dropout_changes_training_forwards_only_and_keeps_the_state_dict():
+    plain, dropping = small_model(), small_model(dropout=0.5)
+    assert dropping.state_dict().keys() == plain.state_dict().keys()  # the same parameters and buffers, no more
+    dropping.load_state_dict(plain.state_dict())
+    image, sizes = pad_batch([scan(13, 21), scan(8, 30, seed=1)], 8)
+    plain.eval(), dropping.eval()
+    assert torch.equal(dropping(image, sizes), plain(image, sizes))  # evaluation: no dropout at all
+    plain.train(), dropping.train()
+    torch.manual_seed(5)
+    first = dropping(image, sizes)
+    torch.manual_seed(5)
+    assert torch.equal(dropping(image, sizes), first)  # the masks come from torch's generator
+    assert not torch.equal(first, plain(image, sizes))
+    # the head is 1x1: where dropout kept every feature of a pixel, its logits are the plain model's; elsewhere not
+    same = (first - plain(image, sizes)).abs().amax(dim=1) < 1e-6
+    assert 0 < same[0, :13, :21].float().mean() < 1
+
+
+@pytest.mark.parametrize("dropout", [-0.1, 1.0, 1, True, "0.1", None])
+def test_dropout_outside_zero_to_one_is_refused_naming_it(dropout):
+    with pytest.raises(ValueError, match=r"UNet dropout .* 0 <= dropout < 1 .* got"):
+        UNet(base_channels=4, depth=2, dropout=dropout)

@@ -143,15 +143,20 @@ class UNet(nn.Module):
     plain GroupNorm over the whole padded tensor (faster, but batch-dependent, see srforge.models.group_norm).
     The masks ([B, 1, h, w] per level) are built once per forward and shared by all blocks of a level.
 
-    Train and eval mode are the same computation (GroupNorm keeps no running statistics). Works with
-    channels_last inputs, ``torch.autocast`` (norm statistics stay float32) and ``torch.compile``: the forward is
-    one graph (``fullgraph=True`` works). ``torch.compile(model, dynamic=True)`` compiles once and serves every
-    later size without recompiling; with the default ``dynamic=None`` the first compile is static and the first
-    new size recompiles once with dynamic shapes, after which sizes reuse that graph. Prefer ``dynamic=True`` when
-    sizes vary from batch to batch (the README's performance section has the compile times).
+    ``dropout`` (0: none) zeroes that share of the head's input features in training mode, each element alone,
+    the rest scaled up to match (``nn.Dropout``, as segmentation heads place it before their classifier): the model
+    noise Noisy Student gives its student. Its masks are drawn from the update's own generator (the Trainer seeds it
+    by run seed, step and rank), so a resumed run draws the same ones.
+
+    Apart from ``dropout``, train and eval mode are the same computation (GroupNorm keeps no running statistics).
+    Works with channels_last inputs, ``torch.autocast`` (norm statistics stay float32) and ``torch.compile``: the
+    forward is one graph (``fullgraph=True`` works). ``torch.compile(model, dynamic=True)`` compiles once and serves
+    every later size without recompiling; with the default ``dynamic=None`` the first compile is static and the
+    first new size recompiles once with dynamic shapes, after which sizes reuse that graph. Prefer ``dynamic=True``
+    when sizes vary from batch to batch (the README's performance section has the compile times).
     """
 
-    def __init__(  # noqa: PLR0913 (checkpointing and ink keyword-only, as test_structure allows a public class)
+    def __init__(  # noqa: PLR0913 (checkpointing, ink, dropout keyword-only, as test_structure allows a public class)
         self,
         in_channels: int = 3,
         num_classes: int = 2,
@@ -165,8 +170,14 @@ class UNet(nn.Module):
         *,
         checkpointing: bool = False,
         ink: bool = False,
+        dropout: float = 0.0,
     ):
         super().__init__()
+        if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+            raise ValueError(
+                f"UNet dropout is the share of the head's input features dropped in training, 0 <= dropout < 1 "
+                f"(0: none; segmentation heads use about 0.1), got {dropout!r}"
+            )
         if not 1 <= depth <= MAX_DEPTH:  # before any layer is allocated
             raise ValueError(
                 f"UNet depth must be 1 to {MAX_DEPTH} (size divisor 2**depth, at most {2**MAX_DEPTH:,} px, beyond "
@@ -192,6 +203,7 @@ class UNet(nn.Module):
         self.down = nn.ModuleList(DoubleConv(widths[i], widths[i + 1], activation, stride=2) for i in range(depth))
         self.up = nn.ModuleList(UpBlock(widths[i + 1], widths[i], activation) for i in reversed(range(depth)))
         self.head = nn.Conv2d(widths[0], num_classes, 1)
+        self.dropout = nn.Dropout(float(dropout)) if dropout else None  # None: a model without it runs as before
 
     def normalize(self, image: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """[B, C, H, W] uint8 (0..255) or float (0..1) -> float (x - mean) / std in the buffers' dtype; with
@@ -217,7 +229,7 @@ class UNet(nn.Module):
         x = skips.pop()
         for level, block in zip(reversed(range(self.depth)), self.up):
             x = run(block, x, skips[level], masks[level])
-        return self.head(x)
+        return self.head(x if self.dropout is None else self.dropout(x))
 
     def first_level(self, image: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """image [B, C, H, W] -> the stem's output [B, base_channels, H, W]: normalised, padding zeroed, stem. One

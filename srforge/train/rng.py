@@ -2,15 +2,22 @@
 
 Each training process draws on one GPU only (its own, under torchrun), so a checkpoint keeps the state of the
 current CUDA device alone, and a resume gives that state back to the current device.
+
+What a model draws in an update (dropout) comes from :func:`update_randomness` instead: a generator seeded by the
+update alone, so that an update a Ctrl-C cut short and redid after --resume draws what the straight run drew.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
+
+from srforge.data.crop import sample_seed
 
 
 def seed_everything(seed: int) -> None:
@@ -48,3 +55,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((state["python_version"], tuple(state["python"]), None))
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+@contextlib.contextmanager
+def update_randomness(seed: int, step: int, rank: int, device: torch.device) -> Iterator[None]:
+    """Within it, torch's CPU generator and ``device``'s (when CUDA) start from a seed of (``seed``, ``step``,
+    ``rank``) alone; after it, every generator is back where it was. An update that draws nothing leaves the run's
+    bits as they were; one that does (a model's dropout) draws the same numbers straight or resumed, even when the
+    checkpoint was written in its middle, and each rank its own."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(sample_seed(seed, step, rank, "model"))
+        yield

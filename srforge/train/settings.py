@@ -16,7 +16,8 @@ class TrainSettings:
     the gradient norm (None or 0: none); ``val_every`` epochs between validations (and after the last);
     ``log_every`` updates between the progress bar's reads; ``skip_nonfinite``: skip a batch whose loss is NaN or
     infinite instead of stopping; ``channels_last`` memory format of images and model; ``compile``: torch.compile
-    the model; ``ignore_index``: the mask value that marks pixels without a class (padding is filled with it).
+    the model; ``ignore_index``: the mask value that marks pixels without a class (padding is filled with it);
+    ``seed`` (``run.seed``): with the step and the rank, it seeds what the model draws in an update (dropout).
     """
 
     epochs: int = 1
@@ -30,9 +31,13 @@ class TrainSettings:
     channels_last: bool = False
     compile: bool = False
     ignore_index: int = IGNORE_INDEX
+    seed: int = 0
 
     @classmethod
     def from_config(cls, cfg) -> TrainSettings:
-        """The settings of a resolved config: its ``train`` keys of these names and ``data.ignore_index``."""
-        names = [f.name for f in fields(cls) if f.name != "ignore_index"]
-        return cls(**{name: cfg.train[name] for name in names}, ignore_index=cfg.data.ignore_index)
+        """The settings of a resolved config: its ``train`` keys of these names, ``data.ignore_index`` and
+        ``run.seed``."""
+        names = [f.name for f in fields(cls) if f.name not in ("ignore_index", "seed")]
+        return cls(
+            **{name: cfg.train[name] for name in names}, ignore_index=cfg.data.ignore_index, seed=cfg.run.seed
+        )

@@ -49,7 +49,7 @@ from srforge.train.losses import segmentation_loss, valid_pixels
 from srforge.train.metrics import confusion_matrix, scores
 from srforge.train.pixel_budget import PixelBudget, ScanTooLargeError, scan_too_large
 from srforge.train.prepare import write_run_config
-from srforge.train.rng import rng_state, set_rng_state
+from srforge.train.rng import rng_state, set_rng_state, update_randomness
 from srforge.train.settings import TrainSettings
 from srforge.train.stop import PeerLostError, WorkerLostError, cause, interrupts_held, peer_lost, worker_lost
 from srforge.train.update import (
@@ -308,14 +308,16 @@ class Trainer:
 
     def run_step(self, batches) -> bool:
         """One optimizer update: forward, loss and backward of the next ``accumulate`` batches (fewer at the
-        epoch's end), then the update; False when there was no batch left."""
+        epoch's end), then the update; False when there was no batch left. What the model draws (dropout) comes
+        from the update's own generator (:func:`srforge.train.rng.update_randomness`)."""
         update = Update.empty(self.num_classes, self.device, self.settings.ignore_index)
         self.optimizer.zero_grad(set_to_none=True)
-        for batch in itertools.islice(batches, self.settings.accumulate):
-            self.forward_backward(update, batch)
-        if not update.batches:
-            return False
-        self.apply_update(update)
+        with update_randomness(self.settings.seed, self.step, self.processes.rank, self.device):
+            for batch in itertools.islice(batches, self.settings.accumulate):
+                self.forward_backward(update, batch)
+            if not update.batches:
+                return False
+            self.apply_update(update)
         return True
 
     def forward_backward(self, update: Update, batch) -> None:
