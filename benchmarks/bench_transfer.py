@@ -378,6 +378,17 @@ def run_key(setting: Setting, seed: int, unlabelled: bool = False) -> str:
     return f"{key}_u{setting.unlabelled_scans}" if unlabelled else key
 
 
+def run_folder(variant: dict, setting: Setting, seed: int) -> str:
+    """The name of ``variant``'s run folder for ``seed``. srforge's variants are named by their own names; the
+    renderer's own models by the renderer's version and each override's last key and value (``_ink`` for the ink
+    input, ``_dropout0.1``), so that ``--reuse`` finds each model where its own run left it."""
+    key = run_key(setting, seed, reads_unlabelled(variant["overrides"]))
+    if variant["kind"] == "srforge":
+        return f"{slug(variant['name'])}_{key}"
+    extra = "".join("_ink" if o == INK else "_" + o.rsplit(".", 1)[-1].replace("=", "") for o in variant["overrides"])
+    return f"renderer_{renderer_version()}{extra}_{key}"
+
+
 def reads_unlabelled(overrides: list[str]) -> bool:
     return any(o.startswith("data.unlabelled=") for o in overrides)
 
@@ -406,8 +417,7 @@ def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_tr
     renderer, setting and seed is kept (its seconds are that run's). A variant with a ``teacher`` learns from that
     variant's best.pt of the same seed (train.self_training.teacher), trained before it (:func:`with_teachers`)."""
     key, name = run_key(setting, seed, reads_unlabelled(variant["overrides"])), slug(variant["name"])
-    renderer = f"renderer_{renderer_version()}{'_ink' if INK in variant['overrides'] else ''}_{key}"
-    run_dir = work / "runs" / (f"{name}_{key}" if variant["kind"] == "srforge" else renderer)
+    run_dir = work / "runs" / run_folder(variant, setting, seed)
     done = run_dir / "bench_transfer_seconds.json"
     if reuse and variant["kind"] == "renderer" and done.is_file() and (run_dir / "best.pt").is_file():
         return run_dir / "best.pt", json.loads(done.read_text())["seconds"]

@@ -21,10 +21,16 @@ def _variants() -> list[dict]:
 
 def test_every_run_folder_name_fits_and_is_its_own():
     setting = bench_transfer.Setting(unlabelled_scans=1000)  # the longest key a run is likely to be given
-    folders = [f"{bench_transfer.slug(v['name'])}_{bench_transfer.run_key(setting, 1, True)}" for v in _variants()]
+    trained = [v for v in _variants() if v["kind"] != "threshold"]  # the threshold trains nothing
+    assert {v["kind"] for v in trained} == {"srforge", "renderer"}
+    folders = [bench_transfer.run_folder(v, setting, 1) for v in trained]
     too_long = [f for f in folders if len(f.encode()) > NAME_MAX]
     assert not too_long, f"run folder names over {NAME_MAX} bytes: {too_long}"
-    assert len(set(folders)) == len(folders)
+    assert len(set(folders)) == len(folders), sorted(f for f in folders if folders.count(f) > 1)
+    # the renderer's plain and ink-input models keep the folders earlier runs gave them (--reuse finds them)
+    key = bench_transfer.run_key(setting, 1)
+    assert f"renderer_{bench_transfer.renderer_version()}_{key}" in folders
+    assert f"renderer_{bench_transfer.renderer_version()}_ink_{key}" in folders
 
 
 def test_only_runs_that_read_unlabelled_scans_name_their_number():
