@@ -194,7 +194,13 @@ SKELETON_WEIGHT = 1.0
 UNLABELLED_SEEDS = {"dev": 2001, "test_same_well": 2002, "test_other_well": 2003}
 # UNet(ink=True): each scan as its darkness against its own paper, in its darkest channel (srforge.models.ink).
 INK = "model.args.ink=true"
-DROPOUTS = (0.1, 0.5)  # UNet(dropout=p) for the student of a later round, and for the renderer's own model beside it
+# A later round's student unlike its teacher, and the renderer's own model alike (the bar for such a student); the
+# quickstart's UNet has base_channels 8.
+STUDENTS = {"dropout 0.1 in the student": ("model.args.dropout=0.1",),
+            "dropout 0.5 in the student": ("model.args.dropout=0.5",),
+            "a student twice as wide": ("model.base_channels=16",)}  # fmt: skip
+BARS = {"dropout 0.1": ("model.args.dropout=0.1",), "dropout 0.5": ("model.args.dropout=0.5",),
+        "twice as wide": ("model.base_channels=16",)}  # fmt: skip
 
 
 def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:
@@ -294,13 +300,13 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
                     f"pseudo-labels and upside-down student views ({where})",
                     unlabelled[kind], first, skeleton=SKELETON_WEIGHT,
                     augment={**SELF_TRAINING["augment"], "vflip": 0.5})  # fmt: skip
-        # model noise for the student (Noisy Student's third kind): dropout before the head, at segmentation heads'
-        # usual 0.1 and Noisy Student's 0.5; the teacher predicts in eval mode, without it
-        for rate in DROPOUTS:
+        # the student's model (Noisy Student): dropout before the head, its third kind of noise, at segmentation
+        # heads' usual 0.1 and Noisy Student's 0.5 (the teacher predicts in eval mode, without it); and a student
+        # larger than its teacher
+        for student, overrides in STUDENTS.items():
             later_round(f"second round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
-                        f"pseudo-labels and dropout {rate} in the student ({where})",
-                        unlabelled[kind], first, extra=(f"model.args.dropout={rate}",),
-                        skeleton=SKELETON_WEIGHT)  # fmt: skip
+                        f"pseudo-labels and {student} ({where})",
+                        unlabelled[kind], first, extra=overrides, skeleton=SKELETON_WEIGHT)  # fmt: skip
     return rows
 
 
@@ -331,9 +337,9 @@ def variants(las_train: Path, unlabelled: dict[str, list[Path]] | None = None, e
     rows.append({"name": "the renderer's own scans (48)", "kind": "renderer", "overrides": [], "missing": ""})
     rows.append({"name": "the renderer's own scans (48), ink input", "kind": "renderer", "overrides": [INK],
                  "missing": ""})  # fmt: skip
-    for rate in DROPOUTS:  # the bar with the model noise a student may have
-        rows.append({"name": f"the renderer's own scans (48), dropout {rate}", "kind": "renderer",
-                     "overrides": [f"model.args.dropout={rate}"], "missing": ""})  # fmt: skip
+    for bar, overrides in BARS.items():  # the bar for a student so changed
+        rows.append({"name": f"the renderer's own scans (48), {bar}", "kind": "renderer", "overrides": [*overrides],
+                     "missing": ""})  # fmt: skip
     rows.append({"name": "threshold (best global darkness, chosen on each set)", "kind": "threshold",
                  "overrides": [], "missing": ""})  # fmt: skip
     return rows
