@@ -391,7 +391,10 @@ def run_folder(variant: dict, setting: Setting, seed: int) -> str:
     key = run_key(setting, seed, reads_unlabelled(variant["overrides"]))
     if variant["kind"] == "srforge":
         return f"{slug(variant['name'])}_{key}"
-    extra = "".join("_ink" if o == INK else "_" + o.rsplit(".", 1)[-1].replace("=", "") for o in variant["overrides"])
+    extra = ""
+    for override in variant["overrides"]:
+        path, value = override.split("=", 1)
+        extra += "_ink" if override == INK else f"_{path.rsplit('.', 1)[-1]}{value}"
     return f"renderer_{renderer_version()}{extra}_{key}"
 
 

@@ -151,16 +151,16 @@ def test_a_ctrl_c_inside_an_update_saves_its_start_and_the_resumed_run_redoes_it
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-
 def dropout_config(run_dir, **train):
     """tiny_config with dropout before the UNet's head (model.args.dropout): the model draws in every update."""
     cfg = tiny_config(run_dir, **train)
     return resolve({**cfg, "model": {**cfg["model"], "args": {"dropout": 0.5}}})
 
 
+@pytest.mark.slow
 def test_dropout_resumes_exactly_from_a_ctrl_c_inside_an_update(tmp_path, monkeypatch):
     """The masks an update draws come from its own generator (run seed, step, rank), so the update a Ctrl-C cut
-    short after its first forward is redone with the masks the straight run drew."""
+    short after its first batch's forward and backward is redone with the masks the straight run drew."""
     import srforge.train.assemble as trainer
 
     train(dropout_config(tmp_path / "straight", accumulate=2))
@@ -168,7 +168,7 @@ def test_dropout_resumes_exactly_from_a_ctrl_c_inside_an_update(tmp_path, monkey
 
     def interrupt(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 6:  # epoch 2, inside its first update: one forward with dropout already drawn
+        if len(calls) == 6:  # epoch 2, its first update's second batch: the first batch's masks already drawn
             raise KeyboardInterrupt
         return real_loss(*args, **kwargs)
 
@@ -188,8 +188,8 @@ def test_dropout_resumes_exactly_from_a_ctrl_c_inside_an_update(tmp_path, monkey
 def test_an_updates_generator_is_its_own_per_step_and_rank_and_leaves_the_runs_as_it_was():
     from srforge.train.rng import update_randomness
 
-    def draws(step, rank):
-        with update_randomness(7, step, rank, torch.device("cpu")):
+    def draws(step, rank, part="batch 0"):
+        with update_randomness(7, step, rank, torch.device("cpu"), part):
             return torch.rand(4)
 
     torch.manual_seed(0)
@@ -199,6 +199,29 @@ def test_an_updates_generator_is_its_own_per_step_and_rank_and_leaves_the_runs_a
     assert torch.equal(draws(3, 0), first)
     assert not torch.equal(draws(3, 1), first)  # each rank its own masks
     assert not torch.equal(draws(4, 0), first)  # each update its own
+    assert not torch.equal(draws(3, 0, "batch 1"), first)  # and each of its batches
+
+
+def test_a_resume_that_turns_dropout_or_ink_on_or_off_changes_the_model_and_is_refused(tmp_path):
+    """Runs written before UNet had ``dropout`` and ``ink`` do not name them: where one side does not, it is off."""
+    from srforge.config import ConfigError
+    from srforge.train.prepare import resume_checkpoint
+
+    run = tmp_path / "run"
+    train(tiny_config(run, epochs=1))
+    plain = load_checkpoint(run / "last.pt")
+    assert "dropout" not in plain["model_args"] and "ink" not in plain["model_args"]
+    assert resume_checkpoint(run, tiny_config(run).model, plain) is plain
+    with pytest.raises(ConfigError, match=r"model\.args\.dropout=0\.5 \(the checkpoint has 0\.0\)"):
+        resume_checkpoint(run, dropout_config(run).model, plain)
+    inked = tiny_config(run)
+    with pytest.raises(ConfigError, match=r"model\.args\.ink=True \(the checkpoint has False\)"):
+        resume_checkpoint(run, resolve({**inked, "model": {**inked["model"], "args": {"ink": True}}}).model, plain)
+    dropping = {**plain, "model_args": {**plain["model_args"], "dropout": 0.5}}
+    with pytest.raises(ConfigError, match=r"model\.args\.dropout=0\.0 \(the checkpoint has 0\.5\)"):
+        resume_checkpoint(run, tiny_config(run).model, dropping)
+    assert resume_checkpoint(run, dropout_config(run).model, dropping) is dropping
+
 
 def test_resume_gives_the_current_device_its_cuda_rng_state(tmp_path, monkeypatch):
     """A checkpoint holds the CUDA RNG state of its process's device; a resume gives it to the current device.

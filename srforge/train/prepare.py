@@ -90,11 +90,17 @@ def leaf_changes(before: Any, now: Any, path: str = "") -> list[tuple[str, Any, 
     return [] if before == now else [(path, before, now)]
 
 
+# UNet arguments that change what it computes and that a run may leave out: a resume that turns one on or off
+# changes the model.
+UNET_OFF = {"ink": False, "dropout": 0.0}
+
+
 def model_differences(ckpt: dict[str, Any], model_cfg: ModelSection) -> list[str]:
     """How the config's model differs from the checkpoint's, one "model.KEY=VALUE (the checkpoint has SAVED)" each:
     the class (srforge's UNet under any of its paths counts as one), the norm option, the arguments. A checkpoint
     without ``model_class`` holds srforge's UNet; its arguments are compared where both sides name them, since
-    older checkpoints record only some. Another class's arguments are compared whole."""
+    older checkpoints record only some (``ink`` and ``dropout`` always: off where not named). Another class's
+    arguments are compared whole."""
     saved_class, wanted_class = ckpt.get("model_class", UNET_CLASS), model_cfg.class_
     unet = saved_class in UNET_CLASSES
     if unet != (wanted_class in UNET_CLASSES) or (not unet and saved_class != wanted_class):
@@ -104,6 +110,8 @@ def model_differences(ckpt: dict[str, Any], model_cfg: ModelSection) -> list[str
     if saved_norm != model_cfg.norm:
         differ.append(f"model.norm={model_cfg.norm!r} (the checkpoint has {saved_norm!r})")
     saved, wanted = ckpt["model_args"], model_kwargs(model_cfg)
+    if unet:  # off where not named, as in the checkpoints written before UNet had them
+        saved, wanted = {**UNET_OFF, **saved}, {**UNET_OFF, **wanted}
     names = [k for k in wanted if k in saved] if unet else sorted(set(wanted) | set(saved))
     for name in names:
         if (name in saved, saved.get(name)) != (name in wanted, wanted.get(name)):

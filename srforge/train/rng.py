@@ -58,11 +58,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def update_randomness(seed: int, step: int, rank: int, device: torch.device) -> Iterator[None]:
+def update_randomness(seed: int, step: int, rank: int, device: torch.device, part: str) -> Iterator[None]:
     """Within it, torch's CPU generator and ``device``'s (when CUDA) start from a seed of (``seed``, ``step``,
-    ``rank``) alone; after it, every generator is back where it was. An update that draws nothing leaves the run's
-    bits as they were; one that does (a model's dropout) draws the same numbers straight or resumed, even when the
-    checkpoint was written in its middle, and each rank its own."""
+    ``rank``, ``part``: which call of the update) alone; after it, both are back where they were, and no other
+    generator is touched. A call that draws nothing leaves the run's bits as they were; one that does (a model's
+    dropout) draws the same numbers straight or resumed, even when the checkpoint was written in the update's
+    middle, and each rank its own."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(sample_seed(seed, step, rank, "model"))
+        number = sample_seed(seed, step, rank, f"model/{part}")
+        torch.default_generator.manual_seed(number)
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(number)
         yield

@@ -308,17 +308,23 @@ class Trainer:
 
     def run_step(self, batches) -> bool:
         """One optimizer update: forward, loss and backward of the next ``accumulate`` batches (fewer at the
-        epoch's end), then the update; False when there was no batch left. What the model draws (dropout) comes
-        from the update's own generator (:func:`srforge.train.rng.update_randomness`)."""
+        epoch's end), then the update; False when there was no batch left. What the model draws (dropout) in each
+        comes from that call's own generator (:meth:`randomness`); the batches are fetched outside it, so that a
+        Dataset drawing from torch's generator draws from the run's."""
         update = Update.empty(self.num_classes, self.device, self.settings.ignore_index)
         self.optimizer.zero_grad(set_to_none=True)
-        with update_randomness(self.settings.seed, self.step, self.processes.rank, self.device):
-            for batch in itertools.islice(batches, self.settings.accumulate):
+        for i, batch in enumerate(itertools.islice(batches, self.settings.accumulate)):
+            with self.randomness(f"batch {i}"):
                 self.forward_backward(update, batch)
-            if not update.batches:
-                return False
+        if not update.batches:
+            return False
+        with self.randomness("unlabelled"):  # self-training's student forward
             self.apply_update(update)
         return True
+
+    def randomness(self, part: str):
+        """:func:`srforge.train.rng.update_randomness` for ``part`` of this update, on this rank."""
+        return update_randomness(self.settings.seed, self.step, self.processes.rank, self.device, part)
 
     def forward_backward(self, update: Update, batch) -> None:
         """Forward, loss and backward of one collated batch into the gradients: whole, or in parts of at most the
