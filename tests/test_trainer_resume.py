@@ -126,31 +126,6 @@ def test_accumulation_resumes_exactly_and_the_schedule_counts_updates(tmp_path):
     assert [r["step"] for r in rows] == [2, 4, 6, 8] and rows[-1]["lr"] == pytest.approx(0.01 * 0.01)
 
 
-@pytest.mark.slow
-def test_a_ctrl_c_inside_an_update_saves_its_start_and_the_resumed_run_redoes_it(tmp_path, monkeypatch):
-    import srforge.train.assemble as trainer
-
-    train(tiny_config(tmp_path / "straight", accumulate=2))
-    real_loss, calls = trainer.segmentation_loss, []
-
-    def interrupt(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 6:  # 3 training batches and 1 validation batch an epoch: epoch 2, inside its first update
-            raise KeyboardInterrupt
-        return real_loss(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "segmentation_loss", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        train(tiny_config(tmp_path / "cut", accumulate=2))
-    monkeypatch.setattr(trainer, "segmentation_loss", real_loss)
-    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
-    assert (saved["epoch"], saved["batches_done"], saved["step"]) == (1, 0, 2)  # the update boundary before it
-    train(tiny_config(tmp_path / "cut", accumulate=2), resume=tmp_path / "cut")
-    a = load_checkpoint(tmp_path / "straight" / "last.pt")["model"]
-    b = load_checkpoint(tmp_path / "cut" / "last.pt")["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
-
-
 def dropout_config(run_dir, **train):
     """tiny_config with dropout before the UNet's head (model.args.dropout): the model draws in every update."""
     cfg = tiny_config(run_dir, **train)
@@ -158,31 +133,33 @@ def dropout_config(run_dir, **train):
 
 
 @pytest.mark.slow
-def test_dropout_resumes_exactly_from_a_ctrl_c_inside_an_update(tmp_path, monkeypatch):
-    """The masks an update draws come from its own generator (run seed, step, rank), so the update a Ctrl-C cut
-    short after its first batch's forward and backward is redone with the masks the straight run drew."""
+@pytest.mark.parametrize("make", [tiny_config, dropout_config], ids=["plain", "dropout"])
+def test_a_ctrl_c_inside_an_update_saves_its_start_and_the_resumed_run_redoes_it(tmp_path, monkeypatch, make):
+    """With dropout, the masks come from each batch's own generator (run seed, step, rank, batch), so the redone
+    update draws the masks the straight run drew, though the cut one had drawn its first batch's already."""
     import srforge.train.assemble as trainer
 
-    train(dropout_config(tmp_path / "straight", accumulate=2))
+    train(make(tmp_path / "straight", accumulate=2))
     real_loss, calls = trainer.segmentation_loss, []
 
     def interrupt(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 6:  # epoch 2, its first update's second batch: the first batch's masks already drawn
+        if len(calls) == 6:  # 3 training batches and 1 validation batch an epoch: epoch 2, its first update's second
             raise KeyboardInterrupt
         return real_loss(*args, **kwargs)
 
     monkeypatch.setattr(trainer, "segmentation_loss", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        train(dropout_config(tmp_path / "cut", accumulate=2))
+        train(make(tmp_path / "cut", accumulate=2))
     monkeypatch.setattr(trainer, "segmentation_loss", real_loss)
-    assert load_checkpoint(tmp_path / "cut" / "last.pt")["step"] == 2
-    train(dropout_config(tmp_path / "cut", accumulate=2), resume=tmp_path / "cut")
+    saved = load_checkpoint(tmp_path / "cut" / "last.pt")
+    assert (saved["epoch"], saved["batches_done"], saved["step"]) == (1, 0, 2)  # the update boundary before it
+    train(make(tmp_path / "cut", accumulate=2), resume=tmp_path / "cut")
     a = assert_same_end(tmp_path / "straight", tmp_path / "cut")
-    # ... and dropout did draw: without it the same run ends elsewhere
-    train(tiny_config(tmp_path / "plain", accumulate=2))
-    c = load_checkpoint(tmp_path / "plain" / "last.pt")
-    assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
+    if make is dropout_config:  # ... and dropout did draw: without it the same run ends elsewhere
+        train(tiny_config(tmp_path / "plain", accumulate=2))
+        c = load_checkpoint(tmp_path / "plain" / "last.pt")
+        assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
 
 
 def test_an_updates_generator_is_its_own_per_step_and_rank_and_leaves_the_runs_as_it_was():
