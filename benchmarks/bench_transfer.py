@@ -303,6 +303,11 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
         # the student's model (Noisy Student): dropout before the head, its third kind of noise, at segmentation
         # heads' usual 0.1 and Noisy Student's 0.5 (the teacher predicts in eval mode, without it); and a student
         # larger than its teacher
+        # the labelled scans' skeleton term asks for the generator's thin lines, the pseudo-labels' for the target's:
+        # the second alone
+        later_round(f"second round at double weight with the flip teacher and skeleton recall on the pseudo-labels "
+                    f"alone ({where})", unlabelled[kind], first, extra=("train.skeleton_weight=0",),
+                    skeleton=SKELETON_WEIGHT)  # fmt: skip
         for student, overrides in STUDENTS.items():
             later_round(f"second round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
                         f"pseudo-labels and {student} ({where})",
