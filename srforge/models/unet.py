@@ -145,8 +145,8 @@ class UNet(nn.Module):
 
     ``dropout`` (0: none) zeroes that share of the head's input features in training mode, each element alone,
     the rest scaled up to match (``nn.Dropout``, as segmentation heads place it before their classifier): the model
-    noise Noisy Student gives its student. Its masks are drawn from the update's own generator (the Trainer seeds it
-    by run seed, step and rank), so a resumed run draws the same ones.
+    noise Noisy Student gives its student. Its masks are drawn from a generator the Trainer seeds by run seed, step,
+    rank and batch (srforge.train.rng.update_randomness), so a resumed run draws the same ones.
 
     Apart from ``dropout``, train and eval mode are the same computation (GroupNorm keeps no running statistics).
     Works with channels_last inputs, ``torch.autocast`` (norm statistics stay float32) and ``torch.compile``: the
