@@ -195,12 +195,18 @@ UNLABELLED_SEEDS = {"dev": 2001, "test_same_well": 2002, "test_other_well": 2003
 # UNet(ink=True): each scan as its darkness against its own paper, in its darkest channel (srforge.models.ink).
 INK = "model.args.ink=true"
 # A later round's student unlike its teacher, and the renderer's own model alike (the bar for such a student); the
-# quickstart's UNet has base_channels 8.
-STUDENTS = {"dropout 0.1 in the student": ("model.args.dropout=0.1",),
+# quickstart's UNet has base_channels 8. Noisy Student trains its students longer too: twice the run's epochs.
+def students(epochs: int) -> dict[str, tuple[str, ...]]:
+    return {"dropout 0.1 in the student": ("model.args.dropout=0.1",),
             "dropout 0.5 in the student": ("model.args.dropout=0.5",),
-            "a student twice as wide": ("model.base_channels=16",)}  # fmt: skip
-BARS = {"dropout 0.1": ("model.args.dropout=0.1",), "dropout 0.5": ("model.args.dropout=0.5",),
-        "twice as wide": ("model.base_channels=16",)}  # fmt: skip
+            "a student twice as wide": ("model.base_channels=16",),
+            "a student trained twice as long": (f"train.epochs={2 * epochs}",)}  # fmt: skip
+
+
+def bars(epochs: int) -> dict[str, tuple[str, ...]]:
+    return {"dropout 0.1": ("model.args.dropout=0.1",), "dropout 0.5": ("model.args.dropout=0.5",),
+            "twice as wide": ("model.base_channels=16",),
+            "trained twice as long": (f"train.epochs={2 * epochs}",)}  # fmt: skip
 
 
 def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:
@@ -308,7 +314,7 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
         later_round(f"second round at double weight with the flip teacher and skeleton recall on the pseudo-labels "
                     f"alone ({where})", unlabelled[kind], first, extra=("train.skeleton_weight=0",),
                     skeleton=SKELETON_WEIGHT)  # fmt: skip
-        for student, overrides in STUDENTS.items():
+        for student, overrides in students(epochs).items():
             later_round(f"second round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
                         f"pseudo-labels and {student} ({where})",
                         unlabelled[kind], first, extra=overrides, skeleton=SKELETON_WEIGHT)  # fmt: skip
@@ -342,7 +348,7 @@ def variants(las_train: Path, unlabelled: dict[str, list[Path]] | None = None, e
     rows.append({"name": "the renderer's own scans (48)", "kind": "renderer", "overrides": [], "missing": ""})
     rows.append({"name": "the renderer's own scans (48), ink input", "kind": "renderer", "overrides": [INK],
                  "missing": ""})  # fmt: skip
-    for bar, overrides in BARS.items():  # the bar for a student so changed
+    for bar, overrides in bars(epochs).items():  # the bar for a student so changed
         rows.append({"name": f"the renderer's own scans (48), {bar}", "kind": "renderer", "overrides": [*overrides],
                      "missing": ""})  # fmt: skip
     rows.append({"name": "threshold (best global darkness, chosen on each set)", "kind": "threshold",
