@@ -197,16 +197,19 @@ INK = "model.args.ink=true"
 # A later round's student unlike its teacher, and the renderer's own model alike (the bar for such a student); the
 # quickstart's UNet has base_channels 8. Noisy Student trains its students longer too: twice the run's epochs.
 def students(epochs: int) -> dict[str, tuple[str, ...]]:
+    longer = f"train.epochs={2 * epochs}"
     return {"dropout 0.1 in the student": ("model.args.dropout=0.1",),
             "dropout 0.5 in the student": ("model.args.dropout=0.5",),
             "a student twice as wide": ("model.base_channels=16",),
-            "a student trained twice as long": (f"train.epochs={2 * epochs}",)}  # fmt: skip
+            "a student trained twice as long": (longer,),
+            "a student with dropout 0.1, twice as long": (longer, "model.args.dropout=0.1")}  # fmt: skip
 
 
 def bars(epochs: int) -> dict[str, tuple[str, ...]]:
+    longer = f"train.epochs={2 * epochs}"
     return {"dropout 0.1": ("model.args.dropout=0.1",), "dropout 0.5": ("model.args.dropout=0.5",),
-            "twice as wide": ("model.base_channels=16",),
-            "trained twice as long": (f"train.epochs={2 * epochs}",)}  # fmt: skip
+            "twice as wide": ("model.base_channels=16",), "trained twice as long": (longer,),
+            "dropout 0.1, trained twice as long": (longer, "model.args.dropout=0.1")}  # fmt: skip
 
 
 def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:
