@@ -26,7 +26,9 @@ each round's best.pt, fixed, teaches a fresh student from epoch 1; choosing a ro
 first), and the same two rounds with each student also asked to cover the skeleton of its teacher's confident
 curves (``skeleton``: the skeleton recall loss on the pseudo-labels), the second of them also with that term at half
 and double weight, and with the student's views also flipped upside down (``vflip``, more noise for the student, as
-Noisy Student has it); the renderer's own model is trained with the ink input too, the fair baseline for those rows.
+Noisy Student has it), with the pseudo-labels' term alone (the labelled scans' off), and with the student changed
+(dropout 0.1 / 0.5, twice as wide, twice the run's epochs alone and with dropout 0.1); the renderer's own model is
+trained with the ink input too, the fair baseline for those rows, and changed as each student is, its bar.
 ``--unlabelled-scans N`` sets how many scans the renderer draws over each dev and test set's depths for
 self-training (default 24; the test scans' own images stay the test sets', ``--test-scans``).
 
@@ -194,9 +196,12 @@ SKELETON_WEIGHT = 1.0
 UNLABELLED_SEEDS = {"dev": 2001, "test_same_well": 2002, "test_other_well": 2003}
 # UNet(ink=True): each scan as its darkness against its own paper, in its darkest channel (srforge.models.ink).
 INK = "model.args.ink=true"
-# A later round's student unlike its teacher, and the renderer's own model alike (the bar for such a student); the
-# quickstart's UNet has base_channels 8. Noisy Student trains its students longer too: twice the run's epochs.
+
+
 def students(epochs: int) -> dict[str, tuple[str, ...]]:
+    """A later round's students unlike their teacher, as Noisy Student makes them, each its overrides: model noise
+    (dropout before the head), a wider model (the quickstart's UNet has base_channels 8), twice the run's
+    ``epochs``, and the last two together."""
     longer = f"train.epochs={2 * epochs}"
     return {"dropout 0.1 in the student": ("model.args.dropout=0.1",),
             "dropout 0.5 in the student": ("model.args.dropout=0.5",),
@@ -206,6 +211,7 @@ def students(epochs: int) -> dict[str, tuple[str, ...]]:
 
 
 def bars(epochs: int) -> dict[str, tuple[str, ...]]:
+    """The renderer's own model changed as each of :func:`students` is: the bar such a student is held to."""
     longer = f"train.epochs={2 * epochs}"
     return {"dropout 0.1": ("model.args.dropout=0.1",), "dropout 0.5": ("model.args.dropout=0.5",),
             "twice as wide": ("model.base_channels=16",), "trained twice as long": (longer,),
@@ -309,14 +315,14 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
                     f"pseudo-labels and upside-down student views ({where})",
                     unlabelled[kind], first, skeleton=SKELETON_WEIGHT,
                     augment={**SELF_TRAINING["augment"], "vflip": 0.5})  # fmt: skip
-        # the student's model (Noisy Student): dropout before the head, its third kind of noise, at segmentation
-        # heads' usual 0.1 and Noisy Student's 0.5 (the teacher predicts in eval mode, without it); and a student
-        # larger than its teacher
         # the labelled scans' skeleton term asks for the generator's thin lines, the pseudo-labels' for the target's:
         # the second alone
         later_round(f"second round at double weight with the flip teacher and skeleton recall on the pseudo-labels "
                     f"alone ({where})", unlabelled[kind], first, extra=("train.skeleton_weight=0",),
                     skeleton=SKELETON_WEIGHT)  # fmt: skip
+        # the student's model (Noisy Student): dropout before the head, its third kind of noise, at segmentation
+        # heads' usual 0.1 and Noisy Student's 0.5 (the teacher predicts in eval mode, without it); a student larger
+        # than its teacher; and one trained twice the run's epochs
         for student, overrides in students(epochs).items():
             later_round(f"second round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
                         f"pseudo-labels and {student} ({where})",

@@ -33,6 +33,7 @@ def test_every_run_folder_name_fits_and_is_its_own():
     assert f"renderer_{bench_transfer.renderer_version()}_ink_{key}" in folders
     assert f"renderer_{bench_transfer.renderer_version()}_dropout0.1_{key}" in folders  # the key's name and value
     assert f"renderer_{bench_transfer.renderer_version()}_epochs24_{key}" in folders  # twice the run's 12 epochs
+    assert f"renderer_{bench_transfer.renderer_version()}_epochs24_dropout0.1_{key}" in folders  # in override order
 
 
 def test_only_runs_that_read_unlabelled_scans_name_their_number():
