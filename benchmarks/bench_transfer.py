@@ -198,24 +198,18 @@ UNLABELLED_SEEDS = {"dev": 2001, "test_same_well": 2002, "test_other_well": 2003
 INK = "model.args.ink=true"
 
 
-def students(epochs: int) -> dict[str, tuple[str, ...]]:
-    """A later round's students unlike their teacher, as Noisy Student makes them, each its overrides: model noise
+def student_changes(epochs: int) -> list[tuple[str, str, tuple[str, ...]]]:
+    """A later round's students unlike their teacher, as Noisy Student makes them: (the student's name; the name of
+    the renderer's own model so changed, the bar such a student is held to; the overrides of both). Model noise
     (dropout before the head), a wider model (the quickstart's UNet has base_channels 8), twice the run's
     ``epochs``, and the last two together."""
     longer = f"train.epochs={2 * epochs}"
-    return {"dropout 0.1 in the student": ("model.args.dropout=0.1",),
-            "dropout 0.5 in the student": ("model.args.dropout=0.5",),
-            "a student twice as wide": ("model.base_channels=16",),
-            "a student trained twice as long": (longer,),
-            "a student with dropout 0.1, twice as long": (longer, "model.args.dropout=0.1")}  # fmt: skip
-
-
-def bars(epochs: int) -> dict[str, tuple[str, ...]]:
-    """The renderer's own model changed as each of :func:`students` is: the bar such a student is held to."""
-    longer = f"train.epochs={2 * epochs}"
-    return {"dropout 0.1": ("model.args.dropout=0.1",), "dropout 0.5": ("model.args.dropout=0.5",),
-            "twice as wide": ("model.base_channels=16",), "trained twice as long": (longer,),
-            "dropout 0.1, trained twice as long": (longer, "model.args.dropout=0.1")}  # fmt: skip
+    return [("dropout 0.1 in the student", "dropout 0.1", ("model.args.dropout=0.1",)),
+            ("dropout 0.5 in the student", "dropout 0.5", ("model.args.dropout=0.5",)),
+            ("a student twice as wide", "twice as wide", ("model.base_channels=16",)),
+            ("a student trained twice as long", "trained twice as long", (longer,)),
+            ("a student with dropout 0.1, twice as long", "dropout 0.1, trained twice as long",
+             (longer, "model.args.dropout=0.1"))]  # fmt: skip
 
 
 def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:
@@ -323,7 +317,7 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
         # the student's model (Noisy Student): dropout before the head, its third kind of noise, at segmentation
         # heads' usual 0.1 and Noisy Student's 0.5 (the teacher predicts in eval mode, without it); a student larger
         # than its teacher; and one trained twice the run's epochs
-        for student, overrides in students(epochs).items():
+        for student, _, overrides in student_changes(epochs):
             later_round(f"second round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
                         f"pseudo-labels and {student} ({where})",
                         unlabelled[kind], first, extra=overrides, skeleton=SKELETON_WEIGHT)  # fmt: skip
@@ -357,7 +351,7 @@ def variants(las_train: Path, unlabelled: dict[str, list[Path]] | None = None, e
     rows.append({"name": "the renderer's own scans (48)", "kind": "renderer", "overrides": [], "missing": ""})
     rows.append({"name": "the renderer's own scans (48), ink input", "kind": "renderer", "overrides": [INK],
                  "missing": ""})  # fmt: skip
-    for bar, overrides in bars(epochs).items():  # the bar for a student so changed
+    for _, bar, overrides in student_changes(epochs):  # the bar for a student so changed
         rows.append({"name": f"the renderer's own scans (48), {bar}", "kind": "renderer", "overrides": [*overrides],
                      "missing": ""})  # fmt: skip
     rows.append({"name": "threshold (best global darkness, chosen on each set)", "kind": "threshold",
