@@ -202,14 +202,16 @@ def student_changes(epochs: int) -> list[tuple[str, str, tuple[str, ...]]]:
     """A later round's students unlike their teacher, as Noisy Student makes them: (the student's name; the name of
     the renderer's own model so changed, the bar such a student is held to; the overrides of both). Model noise
     (dropout before the head), a wider model (the quickstart's UNet has base_channels 8), twice the run's
-    ``epochs``, and the last two together."""
+    ``epochs``, twice the epochs with dropout 0.1, and three and four times the epochs."""
     longer = f"train.epochs={2 * epochs}"
     return [("dropout 0.1 in the student", "dropout 0.1", ("model.args.dropout=0.1",)),
             ("dropout 0.5 in the student", "dropout 0.5", ("model.args.dropout=0.5",)),
             ("a student twice as wide", "twice as wide", ("model.base_channels=16",)),
             ("a student trained twice as long", "trained twice as long", (longer,)),
             ("a student with dropout 0.1, twice as long", "dropout 0.1, trained twice as long",
-             (longer, "model.args.dropout=0.1"))]  # fmt: skip
+             (longer, "model.args.dropout=0.1")),
+            ("a student trained three times as long", "trained three times as long", (f"train.epochs={3 * epochs}",)),
+            ("a student trained four times as long", "trained four times as long", (f"train.epochs={4 * epochs}",))]  # fmt: skip
 
 
 def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:

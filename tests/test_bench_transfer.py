@@ -34,6 +34,8 @@ def test_every_run_folder_name_fits_and_is_its_own():
     assert f"renderer_{bench_transfer.renderer_version()}_dropout0.1_{key}" in folders  # the key's name and value
     assert f"renderer_{bench_transfer.renderer_version()}_epochs24_{key}" in folders  # twice the run's 12 epochs
     assert f"renderer_{bench_transfer.renderer_version()}_epochs24_dropout0.1_{key}" in folders  # in override order
+    assert f"renderer_{bench_transfer.renderer_version()}_epochs36_{key}" in folders  # three times
+    assert f"renderer_{bench_transfer.renderer_version()}_epochs48_{key}" in folders
 
 
 def test_only_runs_that_read_unlabelled_scans_name_their_number():
