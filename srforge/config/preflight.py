@@ -57,7 +57,7 @@ def teacher_checkpoint(path: str, model_class: str, run_dir: str | None) -> tupl
     """(checkpoint, sha256 of its file) of train.self_training.teacher ``path``: an srforge checkpoint outside the
     run's folder ``run_dir`` (which the run rewrites, or --overwrite removes), whose model class is srforge's own or
     ``model_class``, this run's (the config imports that one anyway; a checkpoint's word does not count), the file
-    the same before and after it was read. ConfigError naming the key and the file otherwise."""
+    read once, so that the sha256 is of the very bytes loaded. ConfigError naming the key and the file otherwise."""
     import hashlib
 
     from srforge.models.create import is_srforge_path
@@ -69,18 +69,14 @@ def teacher_checkpoint(path: str, model_class: str, run_dir: str | None) -> tupl
             "copy it elsewhere (a teacher must stay as it was), or set teacher: null for the EMA teacher."
         )
 
-    def digest() -> str | None:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if Path(path).is_file() else None
-
     try:
-        before, ckpt, after = digest(), load_checkpoint(path), digest()
+        raw = Path(path).read_bytes() if Path(path).is_file() else None  # else load_checkpoint says what it is
+        ckpt = load_checkpoint(path, raw=raw)
     except FileNotFoundError as error:
         fix = "" if Path(path).is_dir() else "; give an srforge checkpoint (e.g. an earlier run's best.pt)"
         raise ConfigError(f"{TEACHER}: {error}{fix}, or teacher: null for the EMA teacher.") from None
     except (OSError, ValueError) as error:
         raise ConfigError(f"{TEACHER}: {error}") from None
-    if before != after:
-        raise ConfigError(f"{TEACHER}: {path} changed while it was read; start again once it is written.")
     found = ckpt.get("model_class", UNET_CLASS)
     if not is_srforge_path(found) and found != model_class:
         raise ConfigError(
@@ -88,7 +84,7 @@ def teacher_checkpoint(path: str, model_class: str, run_dir: str | None) -> tupl
             f"({model_class}); srforge imports a class a checkpoint names only when you name it (importing runs its "
             "code): give a teacher of srforge's classes or of this run's model.class."
         )
-    return ckpt, after
+    return ckpt, hashlib.sha256(raw).hexdigest()
 
 
 def check_before_training(cfg: Mapping[str, Any]) -> None:

@@ -22,6 +22,7 @@ the old one, so a kill at any moment leaves either the previous checkpoint or th
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Collection
 from pathlib import Path
@@ -49,8 +50,9 @@ def class_names_or_default(names, num_classes: int) -> list[str]:
     return list(names) if names else [f"class_{c}" for c in range(num_classes)]
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """Read an srforge checkpoint with ``weights_only=True``; a clear ValueError for anything else."""
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, raw: bytes | None = None) -> dict[str, Any]:
+    """Read an srforge checkpoint with ``weights_only=True``; a clear ValueError for anything else. ``raw``: the
+    file's bytes, read once by a caller that must know exactly what was loaded (it hashes them)."""
     path = Path(path)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.pt"))
@@ -61,7 +63,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint not found: {path}")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path if raw is None else io.BytesIO(raw), map_location=map_location, weights_only=True)
     except Exception as exc:  # corrupt file, not a torch file, or pickled objects weights_only refuses
         raise ValueError(f"{path} is not an srforge checkpoint: torch.load(weights_only=True) failed ({exc})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
