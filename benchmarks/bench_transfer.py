@@ -210,8 +210,8 @@ def student_changes(epochs: int) -> list[tuple[str, str, tuple[str, ...]]]:
             ("a student trained twice as long", "trained twice as long", (longer,)),
             ("a student with dropout 0.1, twice as long", "dropout 0.1, trained twice as long",
              (longer, "model.args.dropout=0.1")),
-            ("a student trained three times as long", "trained three times as long", (f"train.epochs={3 * epochs}",)),
-            ("a student trained four times as long", "trained four times as long", (f"train.epochs={4 * epochs}",))]  # fmt: skip
+            *[(f"a student trained {times} as long", f"trained {times} as long", (f"train.epochs={k * epochs}",))
+              for k, times in ((3, "three times"), (4, "four times"))]]  # fmt: skip
 
 
 def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:

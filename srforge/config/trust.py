@@ -44,14 +44,21 @@ def import_paths(tree: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
         yield from import_paths(value, path)
 
 
+def is_srforge_path(path: Any) -> bool:
+    """Whether ``path`` names something in srforge's own modules ("srforge.x:Name"): importing those runs only
+    srforge's code, so it is safe whatever a checkpoint says."""
+    if not isinstance(path, str):
+        return False
+    module_name = path.partition(":")[0]
+    return module_name == "srforge" or module_name.startswith("srforge.")
+
+
 def is_srforge_class(spec: Any) -> bool:
     """Whether ``spec`` ("module:Name") names a torch Dataset or nn.Module class defined in srforge itself. Only
     a module of srforge is ever imported to find out."""
-    if not isinstance(spec, str) or ":" not in spec:
+    if not is_srforge_path(spec) or ":" not in spec:
         return False
     module_name, _, attr = spec.partition(":")
-    if module_name != "srforge" and not module_name.startswith("srforge."):
-        return False
     from torch import nn
     from torch.utils.data import Dataset
 
