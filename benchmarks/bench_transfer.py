@@ -53,9 +53,11 @@ training scans, the split and the initial weights; the dev and test sets are the
 ``pip download lasio==0.31 --no-deps --no-binary :all:`` into the work folder. ``--make-sets DIR`` only renders
 DIR/{dev,test_same_well,test_other_well}/{images,masks} (PNG, masks 0/1). ``--quick`` is a smoke run (tiny sets,
 one epoch, one seed): it checks that every variant trains and is scored, not what the table says. ``--reuse``
-keeps the models trained on the renderer's scans by an earlier run (same renderer source, setting and seed);
-srforge's data and models are made afresh every run. ``--tta`` scores every model a second time with each scan
-predicted as the mean of its four mirror images (the evaluator's ``--tta flip``), printed as a second table.
+keeps the models trained on the renderer's scans by an earlier run (same renderer source, setting and seed), and
+any model whose earlier run had the same stamp: srforge's source, torch's version, the run's overrides and its
+teacher's file (:func:`training_stamp`); without it every model is trained afresh. ``--tta`` scores every model a
+second time with each scan predicted as the mean of its four mirror images (the evaluator's ``--tta flip``),
+printed as a second table.
 """
 
 from __future__ import annotations
@@ -436,20 +438,37 @@ def with_teachers(chosen: list[dict], every: list[dict]) -> list[dict]:
     return out
 
 
+def training_stamp(overrides: list[str]) -> dict:
+    """What a model trained with ``overrides`` depends on besides them: srforge's source (every .py file of the
+    package, the recipe's config), torch's version, and the bytes of a teacher's checkpoint, which a retrained
+    teacher may change. Two runs with one stamp train the same model, so ``--reuse`` may keep the earlier one."""
+    source = hashlib.sha256()
+    for file in [*sorted((ROOT / "srforge").rglob("*.py")), CONFIG]:
+        source.update(str(file.relative_to(ROOT)).encode() + b"\0" + file.read_bytes())
+    teacher = next((o.split("=", 1)[1] for o in overrides if o.startswith("train.self_training.teacher=")), None)
+    return {"srforge": source.hexdigest(), "torch": torch.__version__, "overrides": list(overrides),
+            "teacher": hashlib.sha256(Path(teacher).read_bytes()).hexdigest() if teacher else None}  # fmt: skip
+
+
+def reusable(done: Path, kind: str, stamp: dict) -> bool:
+    """Whether the run whose record is ``done`` (bench_transfer_seconds.json beside its best.pt) may be kept: a
+    model on the renderer's scans whenever its run finished, any other only when its run's stamp is ``stamp``."""
+    if not done.is_file() or not (done.parent / "best.pt").is_file():
+        return False
+    return kind == "renderer" or json.loads(done.read_text()).get("stamp") == stamp
+
+
 def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_train: Path, reuse: bool):
     """Train ``variant`` for ``seed``; (its best.pt, seconds of training, generation included). srforge's data
-    is generated afresh; with ``reuse``, a model trained on the renderer's scans by an earlier run of the same
-    renderer, setting and seed is kept (its seconds are that run's). A variant with a ``teacher`` learns from that
-    variant's best.pt of the same seed (train.self_training.teacher), trained before it (:func:`with_teachers`)."""
+    is generated afresh; with ``reuse``, a model an earlier run left is kept (:func:`reusable`; its seconds are that
+    run's). A variant with a ``teacher`` learns from that variant's best.pt of the same seed
+    (train.self_training.teacher), trained before it (:func:`with_teachers`)."""
     key, name = run_key(setting, seed, reads_unlabelled(variant["overrides"])), slug(variant["name"])
     run_dir = work / "runs" / run_folder(variant, setting, seed)
     done = run_dir / "bench_transfer_seconds.json"
-    if reuse and variant["kind"] == "renderer" and done.is_file() and (run_dir / "best.pt").is_file():
-        return run_dir / "best.pt", json.loads(done.read_text())["seconds"]
     overrides = base_overrides(setting, seed, run_dir)
     if variant["kind"] == "srforge":
         data = work / "srforge_train" / f"{name}_{key}"
-        shutil.rmtree(data, ignore_errors=True)  # the generator may have changed since an earlier run
         overrides += [f"data.synthetic.root={data}", f"data.dataset.args.root={data}", *variant["overrides"]]
     else:
         overrides += ["data.synthetic.root=null", f"data.dataset.args.root={own_train}", *variant["overrides"]]
@@ -457,12 +476,17 @@ def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_tr
         # a teacher is a round of self-training: its folder names the unlabelled scans too
         teacher = work / "runs" / f"{slug(variant['teacher'])}_{run_key(setting, seed, True)}" / "best.pt"
         overrides.append(f"train.self_training.teacher={teacher}")
+    stamp = training_stamp(overrides)
+    if reuse and reusable(done, variant["kind"], stamp):
+        return run_dir / "best.pt", json.loads(done.read_text())["seconds"]
+    if variant["kind"] == "srforge":
+        shutil.rmtree(data, ignore_errors=True)  # the generator may have changed since an earlier run
     cfg = load_config(CONFIG, overrides)
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         train(cfg, overwrite=True)
     seconds = time.perf_counter() - start
-    done.write_text(json.dumps({"seconds": seconds}))
+    done.write_text(json.dumps({"seconds": seconds, "stamp": stamp}))
     return run_dir / "best.pt", seconds
 
 
@@ -590,8 +614,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--reuse",
         action="store_true",
-        help="keep models trained on the renderer's scans by an "
-        "earlier run of the same renderer, setting and seed (srforge's models are always retrained)",
+        help="keep models trained on the renderer's scans by an earlier run of the same renderer, setting and seed, "
+        "and any other model an earlier run trained with the same srforge source, torch, overrides and teacher",
     )
     parser.add_argument("--tta", action="store_true", help="also score every model with the evaluator's --tta flip")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sets, one epoch, one seed")

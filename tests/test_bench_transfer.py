@@ -1,6 +1,7 @@
 """benchmarks/bench_transfer.py's variants: every one can have its run folder (a file name the OS takes), no two share
 one, and only the runs that read unlabelled scans are told apart by how many the renderer drew a set."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -51,3 +52,24 @@ def test_only_runs_that_read_unlabelled_scans_name_their_number():
     named = {v["name"]: v for v in every}
     teachers = {v["teacher"] for v in every if v.get("teacher")}
     assert teachers and all(bench_transfer.reads_unlabelled(named[t]["overrides"]) for t in teachers)
+
+
+def test_reuse_keeps_another_run_only_with_its_stamp(tmp_path):
+    teacher = tmp_path / "teacher.pt"
+    teacher.write_bytes(b"first round")
+    overrides = ["train.epochs=24", f"train.self_training.teacher={teacher}"]
+    stamp = bench_transfer.training_stamp(overrides)
+    assert stamp == bench_transfer.training_stamp(list(overrides))  # the same run, the same stamp
+    assert stamp != bench_transfer.training_stamp(["train.epochs=36", overrides[1]])
+    run = tmp_path / "run"
+    run.mkdir()
+    done = run / "bench_transfer_seconds.json"
+    assert not bench_transfer.reusable(done, "srforge", stamp)  # never finished
+    done.write_text(json.dumps({"seconds": 5.0, "stamp": stamp}))
+    assert not bench_transfer.reusable(done, "srforge", stamp)  # no best.pt
+    (run / "best.pt").write_bytes(b"model")
+    assert bench_transfer.reusable(done, "srforge", stamp)
+    teacher.write_bytes(b"a retrained first round")  # a teacher that changed makes another student
+    assert not bench_transfer.reusable(done, "srforge", bench_transfer.training_stamp(overrides))
+    done.write_text(json.dumps({"seconds": 5.0}))  # a record from before stamps: a renderer's model alone is kept
+    assert bench_transfer.reusable(done, "renderer", stamp) and not bench_transfer.reusable(done, "srforge", stamp)
