@@ -238,9 +238,7 @@ def test_mask_values_beyond_num_classes_are_a_message_naming_the_sample(tmp_path
 @pytest.mark.parametrize("mistake", ["tuple", "raises", "long", "float"])
 def test_train_ends_with_status_2_and_the_sample_named(mistake, tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "careless_data.py").write_text(
-        "from test_field_view import Careless  # noqa: F401\n"
-    )
+    (tmp_path / "careless_data.py").write_text("from test_field_view import Careless  # noqa: F401\n")
     config = {
         "run": {"dir": str(tmp_path / "run"), "device": "cpu"},
         "data": {"dataset": {"class": "careless_data:Careless", "args": {"mistake": mistake}}, "fields": FIELDS},

@@ -222,9 +222,7 @@ def test_a_typo_inside_data_augment_names_the_closest_key():
         ConfigError, match=r"Unknown config key 'data.augment.vfilp'. Did you mean 'data.augment.vflip'"
     ):
         resolve({"data": {"augment": {"vfilp": 0.5}}})
-    with pytest.raises(
-        ConfigError, match=r"'data.augment.affine.degres'. Did you mean 'data.augment.affine.degrees'"
-    ):
+    with pytest.raises(ConfigError, match=r"'data.augment.affine.degres'. Did you mean 'data.augment.affine.degrees'"):
         resolve({"data": {"augment": {"affine": {"degres": 8}}}})
     assert resolve({"data": {"augment": {"vflip": 0.5, "affine": {"degrees": 8}}}})["data"]["augment"]["vflip"] == 0.5
     with pytest.raises(ConfigError, match=r"data\.augment\.crop is no longer an option: use data\.crop"):

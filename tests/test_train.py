@@ -146,8 +146,10 @@ def torchrun_two(script, *args: str, cwd, fresh: tuple[Path, ...], **env: str) -
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", **env}
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
-    if done.returncode != 0 and NATIVE_ABORT in done.stderr and "Traceback (most recent call last)" not in (
-        done.stderr.split(NATIVE_ABORT)[0]
+    if (
+        done.returncode != 0
+        and NATIVE_ABORT in done.stderr
+        and "Traceback (most recent call last)" not in (done.stderr.split(NATIVE_ABORT)[0])
     ):
         print(f"torchrun_two: a native abort ({NATIVE_ABORT}); running once more. Its stderr:\n{done.stderr[-4000:]}")
         for folder in fresh:

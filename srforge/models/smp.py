@@ -145,9 +145,7 @@ def check_smp_names(smp, arch: str, encoder: str) -> None:
     if encoder not in names:
         close = difflib.get_close_matches(str(encoder), names, n=3, cutoff=0.5)
         hint = f"closest: {', '.join(close)}" if close else "see smp.encoders.get_encoder_names()"
-        raise ValueError(
-            f"SmpModel: encoder {encoder!r} is not an smp encoder ({hint}; timm's models as 'tu-NAME')."
-        )
+        raise ValueError(f"SmpModel: encoder {encoder!r} is not an smp encoder ({hint}; timm's models as 'tu-NAME').")
 
 
 def build_smp(smp, arch: str, encoder: str, encoder_weights: str | None, **kwargs) -> nn.Module:

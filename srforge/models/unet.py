@@ -110,11 +110,11 @@ class UpBlock(nn.Module):
         return self.conv(torch.cat((x, skip.to(x.dtype)), dim=1), mask)
 
 
-
 def normalize_image(image: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, owner: str) -> torch.Tensor:
     """[B, C, H, W] uint8 (0..255) or float (0..1) -> float (x - mean) / std in ``mean``'s dtype; ``owner`` (the
     model's class name) is named when the image is neither."""
     return (unit_image(image, mean.dtype, owner) - mean) / std
+
 
 class UNet(nn.Module):
     """UNet: ``depth`` stride-2 encoder stages, as many transposed-conv decoder stages, skip connections.

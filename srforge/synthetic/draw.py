@@ -186,4 +186,3 @@ def curves(rng, image, mask, style: ScanStyle, plotted, looks, classes: str) -> 
 def font(size: int):
     """PIL's scalable default font at ``size`` px."""
     return ImageFont.load_default(size=size)
-

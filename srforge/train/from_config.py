@@ -462,4 +462,3 @@ def scan_warnings(data: Data, divisor: int) -> list[str]:
             "side: too few pixels to learn from; a range nearer 1 (e.g. [0.5, 2]) keeps the curves"
         )
     return lines
-

@@ -38,6 +38,4 @@ class TrainSettings:
         """The settings of a resolved config: its ``train`` keys of these names, ``data.ignore_index`` and
         ``run.seed``."""
         names = [f.name for f in fields(cls) if f.name not in ("ignore_index", "seed")]
-        return cls(
-            **{name: cfg.train[name] for name in names}, ignore_index=cfg.data.ignore_index, seed=cfg.run.seed
-        )
+        return cls(**{name: cfg.train[name] for name in names}, ignore_index=cfg.data.ignore_index, seed=cfg.run.seed)
