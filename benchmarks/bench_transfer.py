@@ -325,6 +325,14 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
             later_round(f"second round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
                         f"pseudo-labels and {student} ({where})",
                         unlabelled[kind], first, extra=overrides, skeleton=SKELETON_WEIGHT)  # fmt: skip
+            if student == "a student trained twice as long":
+                longer_second = rows[-1]["name"]
+        # the longer student levels off by 36 epochs where the renderer's own model goes on learning: its teacher is
+        # what holds it, so a third round taught by it, its student trained as long
+        later_round(f"third round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
+                    f"pseudo-labels and students trained twice as long ({where})",
+                    unlabelled[kind], longer_second, extra=(f"train.epochs={2 * epochs}",),
+                    skeleton=SKELETON_WEIGHT)  # fmt: skip
     return rows
 
 
