@@ -60,7 +60,7 @@ def teacher_checkpoint(path: str, model_class: str, run_dir: str | None) -> tupl
     read once, so that the sha256 is of the very bytes loaded. ConfigError naming the key and the file otherwise."""
     import hashlib
 
-    from srforge.config.trust import is_srforge_path
+    from srforge.models.create import is_srforge_path
     from srforge.runtime.checkpoint import load_checkpoint
 
     if run_dir is not None and Path(path).resolve().is_relative_to(Path(run_dir).resolve()):

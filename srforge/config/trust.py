@@ -26,6 +26,7 @@ from typing import Any
 
 from srforge.config.errors import ConfigError
 from srforge.constants import UNET_CLASS
+from srforge.models.create import is_srforge_path
 
 
 def import_paths(tree: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
@@ -42,15 +43,6 @@ def import_paths(tree: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
         if path == "class" or path.endswith(".class"):
             yield path, value
         yield from import_paths(value, path)
-
-
-def is_srforge_path(path: Any) -> bool:
-    """Whether ``path`` names something in srforge's own modules ("srforge.x:Name"): importing those runs only
-    srforge's code, so it is safe whatever a checkpoint says."""
-    if not isinstance(path, str):
-        return False
-    module_name = path.partition(":")[0]
-    return module_name == "srforge" or module_name.startswith("srforge.")
 
 
 def is_srforge_class(spec: Any) -> bool:

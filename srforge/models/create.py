@@ -49,6 +49,15 @@ def import_class(path: str) -> Any:
         raise ValueError(f"module '{module_name}' has no attribute '{attr}' ({path}).") from None
 
 
+def is_srforge_path(path: Any) -> bool:
+    """Whether ``path`` names something in srforge's own modules ("srforge.x:Name"): importing those runs only
+    srforge's code, so it is safe whatever a checkpoint says."""
+    if not isinstance(path, str):
+        return False
+    module_name = path.partition(":")[0]
+    return module_name == "srforge" or module_name.startswith("srforge.")
+
+
 def model_class(path: str, resolve: Resolver = import_class, where: str = "model.class") -> type[nn.Module]:
     """The class ``path`` names, once it is known to be an nn.Module subclass; ValueError naming ``where``
     otherwise (a function, an instance or any other class is never called)."""

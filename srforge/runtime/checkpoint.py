@@ -31,11 +31,10 @@ from typing import Any
 import torch
 
 from srforge.atomic import atomic_write
-from srforge.config.trust import is_srforge_path
 from srforge.constants import NORMS, UNET_CLASS
 from srforge.limits import MAX_CHECKPOINT_CONFIG, class_names_problem, expanded_size, object_parts, object_weight
 from srforge.models.contract import class_name
-from srforge.models.create import Resolver, create_model, import_class
+from srforge.models.create import Resolver, create_model, import_class, is_srforge_path
 
 FORMAT = "srforge-checkpoint"
 VERSION = 1
