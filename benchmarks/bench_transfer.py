@@ -320,15 +320,15 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
                     skeleton=SKELETON_WEIGHT)  # fmt: skip
         # the student's model (Noisy Student): dropout before the head, its third kind of noise, at segmentation
         # heads' usual 0.1 and Noisy Student's 0.5 (the teacher predicts in eval mode, without it); a student larger
-        # than its teacher; and one trained twice the run's epochs
+        # than its teacher; and ones trained two, three and four times the run's epochs
         for student, _, overrides in student_changes(epochs):
             later_round(f"second round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
                         f"pseudo-labels and {student} ({where})",
                         unlabelled[kind], first, extra=overrides, skeleton=SKELETON_WEIGHT)  # fmt: skip
             if student == "a student trained twice as long":
                 longer_second = rows[-1]["name"]
-        # the longer student levels off by 36 epochs where the renderer's own model goes on learning: its teacher is
-        # what holds it, so a third round taught by it, its student trained as long
+        # students trained longer than 24 epochs level off where the renderer's own model goes on learning: whether a
+        # better teacher lifts them, a third round taught by the 24-epoch student, its student trained as long
         later_round(f"third round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
                     f"pseudo-labels and students trained twice as long ({where})",
                     unlabelled[kind], longer_second, extra=(f"train.epochs={2 * epochs}",),
@@ -449,7 +449,8 @@ def with_teachers(chosen: list[dict], every: list[dict]) -> list[dict]:
 def training_stamp(overrides: list[str]) -> dict:
     """What a model trained with ``overrides`` depends on besides them: srforge's source (every .py file of the
     package, the recipe's config), torch's version, and the bytes of a teacher's checkpoint, which a retrained
-    teacher may change. Two runs with one stamp train the same model, so ``--reuse`` may keep the earlier one."""
+    teacher may change. What the stamp leaves out (``--threads``, numpy's and Pillow's versions) is taken to be the
+    same between the runs one ``--reuse``s."""
     source = hashlib.sha256()
     for file in [*sorted((ROOT / "srforge").rglob("*.py")), CONFIG]:
         source.update(str(file.relative_to(ROOT)).encode() + b"\0" + file.read_bytes())
@@ -490,6 +491,7 @@ def train_variant(variant: dict, setting: Setting, seed: int, work: Path, own_tr
     if variant["kind"] == "srforge":
         shutil.rmtree(data, ignore_errors=True)  # the generator may have changed since an earlier run
     cfg = load_config(CONFIG, overrides)
+    done.unlink(missing_ok=True)  # a run stopped part-way must not leave an earlier record beside its best.pt
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         train(cfg, overwrite=True)

@@ -635,3 +635,19 @@ def test_two_processes_learn_from_one_fixed_teacher(tmp_path):
     saved = load_checkpoint(tmp_path / "ddp" / "last.pt")["unlabelled"]
     digest = hashlib.sha256(teacher.read_bytes()).hexdigest()
     assert saved == {"pass": 1, "done": 2, "max_pixels": None, "teacher": digest, "teacher_file": str(teacher)}
+
+
+def test_a_teacher_is_hashed_from_the_bytes_loaded_and_one_that_appears_mid_check_is_refused(tmp_path, monkeypatch):
+    from predict_fixtures import random_checkpoint
+
+    from srforge.config.preflight import teacher_checkpoint
+
+    teacher = random_checkpoint(tmp_path / "teacher.pt", class_names=("background", "curve"))
+    ckpt, digest = teacher_checkpoint(str(teacher), "srforge.models.unet:UNet", str(tmp_path / "run"))
+    assert digest == hashlib.sha256(teacher.read_bytes()).hexdigest() and ckpt["class_names"] == ["background", "curve"]
+    # not a file when first looked at, a file when loaded: its bytes were not the ones read, so no digest is claimed
+    looks = iter([False])
+    real_is_file = Path.is_file
+    monkeypatch.setattr(Path, "is_file", lambda self: next(looks, True) if self == teacher else real_is_file(self))
+    with pytest.raises(ConfigError, match="changed while it was read"):
+        teacher_checkpoint(str(teacher), "srforge.models.unet:UNet", str(tmp_path / "run"))
