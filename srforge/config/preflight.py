@@ -72,13 +72,13 @@ def teacher_checkpoint(path: str, model_class: str, run_dir: str | None) -> tupl
     try:
         raw = Path(path).read_bytes() if Path(path).is_file() else None  # else load_checkpoint says what it is
         ckpt = load_checkpoint(path, raw=raw)
-        if raw is None:  # not a file when looked at, one a moment later: its bytes were not the ones loaded
-            raise ConfigError(f"{TEACHER}: {path} changed while it was read; start again once it is written.")
     except FileNotFoundError as error:
         fix = "" if Path(path).is_dir() else "; give an srforge checkpoint (e.g. an earlier run's best.pt)"
         raise ConfigError(f"{TEACHER}: {error}{fix}, or teacher: null for the EMA teacher.") from None
     except (OSError, ValueError) as error:
         raise ConfigError(f"{TEACHER}: {error}") from None
+    if raw is None:  # not a file when looked at, one a moment later: its bytes were not the ones loaded
+        raise ConfigError(f"{TEACHER}: {path} changed while it was read; start again once it is written.")
     found = ckpt.get("model_class", UNET_CLASS)
     if not is_srforge_path(found) and found != model_class:
         raise ConfigError(
