@@ -14,8 +14,18 @@ precision counts against it), split into those inside the renderer's header pane
 plan of the scan), on border and grid lines (rows whose false marks cover 30% of the width), 3-4 px and 5-8 px from
 a curve, and further away.
 
+With ``--calibration RUN ...`` it says whether a decision made after the model would close the tolerance-F1 gap:
+each run's foreground IoU and tolerance F1 (precision, recall) on every set with a pixel curve at p(curve) >= t for
+a few t, and at 0.5 with the connected curve pieces under N px removed, for a few N (the evaluator's counts). With
+``--teacher RUN ...`` it says how a teacher's confident pixels split, as the flip teacher sees them: for a few
+thresholds, the share of the true curve pixels whose p(curve) reaches it, and how many pixels more than 2 px from
+every curve pixel in either axis (as ``--false-marks`` counts) do: the false curve a student would learn at that
+confidence.
+
     python benchmarks/transfer_diagnosis.py [--work benchmarks/results/transfer_work] [--seed 0]
     python benchmarks/transfer_diagnosis.py --false-marks "plain_self-training_and_skeleton_loss_other" "_ink_seed"
+    python benchmarks/transfer_diagnosis.py --calibration "student_trained_twice_as_long_other" "epochs24_seed"
+    python benchmarks/transfer_diagnosis.py --teacher "input_double-weight_self-training_with_the_flip"
 """
 
 from __future__ import annotations
@@ -34,10 +44,14 @@ sys.path.insert(0, str(ROOT))
 import bench_transfer  # noqa: E402
 import log_plotter  # noqa: E402
 
+from srforge.evaluate.metrics import batch_counts, per_class  # noqa: E402
 from srforge.predict import Predictor  # noqa: E402
 
 GENERATOR = "srforge_generator_own_curves_randomisation_on_seed{seed}_"
 THRESHOLDS = (0.5, 0.4, 0.3, 0.2)
+CALIBRATION = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # p(curve) a pixel needs to be curve
+PIECES = (4, 8, 16)  # px: connected curve pieces smaller than this are removed
+CONFIDENCES = (0.5, 0.9, 0.95, 0.97, 0.99)
 
 
 def vertical_runs(mask: np.ndarray) -> np.ndarray:
@@ -97,12 +111,78 @@ def false_marks(predictor: Predictor, folder: Path, well, seed: int, scale: floa
     return {"tolerance precision": kept / max(1, kept + total), **{k: v / total for k, v in counts.items()}}
 
 
-def print_false_marks(work: Path, names: list[str]) -> None:
-    """--false-marks: each run whose folder name holds one of ``names``, on every renderer set."""
+def runs_and_sets(work: Path, names: list[str]) -> tuple[list[Path], Path]:
+    """(the run folders whose name holds one of ``names``, the renderer's dev and test sets)."""
     runs = sorted(run for run in (work / "runs").iterdir() if any(name in run.name for name in names))
     sets = next(work.glob("sets_*"), None)
     if not runs or sets is None:
         raise SystemExit(f"{work}: no run named like {names} and the renderer's sets; run bench_transfer.py first")
+    return runs, sets
+
+
+def curve_figures(marks: np.ndarray, truth: np.ndarray) -> torch.Tensor:
+    """The evaluator's counts of one scan (bool [H, W] predicted and true curve): confusion [2, 2] and tolerance
+    [2, 4] flattened into one int64 [12], to be summed over a set."""
+    counts = batch_counts(torch.from_numpy(marks)[None].long(), torch.from_numpy(truth)[None].long(), 2, 255, 2)
+    return torch.cat([counts["confusion"][0].reshape(-1), counts["tolerance"][0].reshape(-1)])
+
+
+def summary(counts: torch.Tensor) -> str:
+    """IoU / tolerance F1 (precision, recall) of the curve class from :func:`curve_figures`' summed counts."""
+    scores = {k: float(v[1]) for k, v in per_class(counts[:4].view(2, 2), counts[4:].view(2, 4)).items()}
+    return f"{scores['iou']:.3f} / {scores['tol_f1']:.4f} ({scores['tol_precision']:.3f}, {scores['tol_recall']:.3f})"
+
+
+def without_pieces(marks: np.ndarray, smallest: int) -> np.ndarray:
+    """``marks`` without its 8-connected pieces of fewer than ``smallest`` pixels."""
+    pieces, _ = ndimage.label(marks, structure=np.ones((3, 3), bool))
+    sizes = np.bincount(pieces.ravel())
+    keep = sizes >= smallest
+    keep[0] = False
+    return keep[pieces]
+
+
+def print_calibration(work: Path, names: list[str]) -> None:
+    """--calibration: each run whose folder name holds one of ``names``, on every renderer set."""
+    runs, sets = runs_and_sets(work, names)
+    print("curve IoU / tolerance F1 (tolerance precision, recall) at p(curve) >= t, and with pieces under N px gone:")
+    for run in runs:
+        predictor = Predictor.from_checkpoint(run / "best.pt", device="cpu")
+        for name in bench_transfer.SET_SEEDS:
+            at, small = {t: 0 for t in CALIBRATION}, {n: 0 for n in PIECES}
+            for image, mask_path in pairs(sets / name, limit=1000):
+                truth = np.asarray(Image.open(mask_path)) > 0
+                curve = probabilities(predictor, read(image))
+                for t in CALIBRATION:
+                    at[t] = at[t] + curve_figures(curve >= t, truth)
+                for n in PIECES:
+                    small[n] = small[n] + curve_figures(without_pieces(curve >= 0.5, n), truth)
+            print(f"  {run.name}, {name}:")
+            print("    " + "; ".join(f"t {t}: {summary(c)}" for t, c in at.items()))
+            print("    " + "; ".join(f"N {n}: {summary(c)}" for n, c in small.items()))
+
+
+def print_teacher(work: Path, names: list[str]) -> None:
+    """--teacher: each run whose folder name holds one of ``names``, as a flip teacher, on every renderer set."""
+    runs, sets = runs_and_sets(work, names)
+    print("share of the curve pixels / pixels > 2 px from a curve at p(curve) >= c (the flip teacher's):")
+    for run in runs:
+        predictor = Predictor.from_checkpoint(run / "best.pt", device="cpu", tta="flip")
+        for name in bench_transfer.SET_SEEDS:
+            on, off = [], []
+            for image, mask_path in pairs(sets / name, limit=1000):
+                truth = np.asarray(Image.open(mask_path)) > 0
+                curve = probabilities(predictor, read(image))
+                on.append(curve[truth])
+                off.append(curve[~ndimage.binary_dilation(truth, np.ones((5, 5), bool))])
+            on, off = np.concatenate(on), np.concatenate(off)
+            found = "; ".join(f"c {c}: {(on >= c).mean():.3f} / {int((off >= c).sum())}" for c in CONFIDENCES)
+            print(f"  {run.name}, {name}: {found}")
+
+
+def print_false_marks(work: Path, names: list[str]) -> None:
+    """--false-marks: each run whose folder name holds one of ``names``, on every renderer set."""
+    runs, sets = runs_and_sets(work, names)
     splits = bench_transfer.las_splits(work / "las", work)
     wells = {name: log_plotter.read_well(splits["train" if name == "dev" else name])
              for name in bench_transfer.SET_SEEDS}  # fmt: skip
@@ -121,9 +201,13 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "results" / "transfer_work")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--false-marks", nargs="+", metavar="RUN", help="where these runs' false marks lie")
+    parser.add_argument("--calibration", nargs="+", metavar="RUN", help="these runs at other thresholds")
+    parser.add_argument("--teacher", nargs="+", metavar="RUN", help="these runs' confident pixels, as flip teachers")
     args = parser.parse_args()
-    if args.false_marks:
-        return print_false_marks(args.work, args.false_marks)
+    for option, report in ((args.false_marks, print_false_marks), (args.calibration, print_calibration),
+                           (args.teacher, print_teacher)):  # fmt: skip
+        if option:
+            return report(args.work, option)
     runs = args.work / "runs"
     generator = next(runs.glob(GENERATOR.format(seed=args.seed) + "n*"), None)
     renderer = next(runs.glob(f"renderer_*_seed{args.seed}_*"), None)

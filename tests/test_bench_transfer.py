@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("lasio", reason="the las extra (lasio): bench_transfer's renderer reads LAS files")
@@ -73,3 +74,22 @@ def test_reuse_keeps_another_run_only_with_its_stamp(tmp_path):
     assert not bench_transfer.reusable(done, "srforge", bench_transfer.training_stamp(overrides))
     done.write_text(json.dumps({"seconds": 5.0}))  # a record from before stamps: a renderer's model alone is kept
     assert bench_transfer.reusable(done, "renderer", stamp) and not bench_transfer.reusable(done, "srforge", stamp)
+
+
+def test_the_diagnosis_removes_small_pieces_and_scores_as_the_evaluator():
+    """A 5 x 8 scan: a true curve along row 1 (columns 0-7); predicted, that curve's columns 0-5 (one 8-connected
+    piece of 6 px, with (2, 5) diagonal to it: 7 px) and a lone mark at (4, 7). Pieces under 2 px go: the lone mark.
+    IoU 6 / 9 (the diagonal pixel is not curve, columns 6-7 are missed); tolerance precision 7 / 7 (the diagonal
+    pixel is 1 px from the curve), recall 8 / 8 (columns 6-7 lie within 2 px of (1, 5) and (2, 5))."""
+    pytest.importorskip("scipy", reason="the bench extra (scipy): the diagnosis labels pieces")
+    import transfer_diagnosis
+
+    truth = np.zeros((5, 8), bool)
+    truth[1, :] = True
+    marks = np.zeros((5, 8), bool)
+    marks[1, :6] = True
+    marks[2, 5] = marks[4, 7] = True
+    kept = transfer_diagnosis.without_pieces(marks, 2)
+    assert kept.sum() == 7 and not kept[4, 7] and kept[2, 5]
+    assert transfer_diagnosis.summary(transfer_diagnosis.curve_figures(kept, truth)) == "0.667 / 1.0000 (1.000, 1.000)"
+    assert transfer_diagnosis.without_pieces(marks, 8).sum() == 0

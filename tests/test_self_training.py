@@ -72,6 +72,20 @@ def test_balanced_pseudo_labels_keep_the_more_confident_half_of_each_class():
     assert pseudo_labels(logits, torch.tensor([[2, 3]]), 0.95, 255)[0].tolist() == [[[255] * 3, [0, 255, 255]]]
 
 
+def test_each_class_may_have_its_own_confidence():
+    """The scan of the test above, thresholds 0.6 for class 0 and 0.8 for class 1: class 1 keeps p = 0.9 alone,
+    class 0 keeps 0.95, 0.6 and 0.9; one threshold of 0.6 keeps class 1's 0.6 and 0.7 too. A list of the wrong
+    length says what it expected."""
+    p = torch.tensor([[[0.9, 0.6, 0.7], [0.05, 0.4, 0.1]]])
+    d = torch.log(p / (1 - p))
+    logits = torch.stack([torch.zeros_like(d), d], 1)
+    sizes = torch.tensor([[2, 3]])
+    assert pseudo_labels(logits, sizes, [0.6, 0.8], 255)[0].tolist() == [[[1, 255, 255], [0, 0, 0]]]
+    assert pseudo_labels(logits, sizes, 0.6, 255)[0].tolist() == [[[1, 1, 1], [0, 0, 0]]]
+    with pytest.raises(ValueError, match=r"expected one threshold or 2 \(one a class\), found 3"):
+        pseudo_labels(logits, sizes, [0.6, 0.8, 0.9], 255)
+
+
 def test_the_balanced_student_loss_weighs_each_class_alike():
     """Three background pixels with cross-entropy log 2 (logits 0, 0) and one curve pixel with log(1 + e^-2) (logits
     0, 2), one ignored: the plain mean is (3 log 2 + log(1 + e^-2)) / 4, the balanced one (log 2 + log(1 + e^-2))
@@ -436,6 +450,8 @@ def test_scans_larger_than_the_budget_alone_are_left_out_and_named(tmp_path):
         ({"self_training": None}, "data.unlabelled is set but train.self_training is null"),
         ({"self_training": {"augment": {"scale": [0.5, 2]}}}, "train.self_training.augment.scale: the student must"),
         ({"self_training": {"confidence": 1.5}}, "train.self_training.confidence: expected a probability"),
+        ({"self_training": {"confidence": [0.9, 1.0]}}, "train.self_training.confidence: expected a probability"),
+        ({"self_training": {"confidence": [0.9]}}, "train.self_training.confidence: expected one threshold a class, 2"),
         ({"self_training": {"wieght": 1}}, "train.self_training: unknown key 'wieght'"),
         ({"self_training": {"mix": "yes"}}, "train.self_training.mix: expected true or false, found 'yes'"),
         ({"self_training": {"tta": "mirror"}}, "train.self_training.tta: expected none (the teacher sees each scan"),

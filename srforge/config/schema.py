@@ -112,9 +112,10 @@ SELF_TRAINING = {
 
 
 def self_training_spec(value: Any, path: str) -> None:
-    """null, or a mapping of SELF_TRAINING's keys (each optional): weight > 0, confidence in [0, 1), start_epoch
-    >= 1, augment a recipe of data.augment's keys without ``scale`` (a student's view keeps the teacher's size),
-    balance and mix true or false, tta "none" or "flip" (the teacher's views, as predict.py's --tta), teacher null
+    """null, or a mapping of SELF_TRAINING's keys (each optional): weight > 0, confidence in [0, 1) (or a list of
+    them, one a class), start_epoch >= 1, augment a recipe of data.augment's keys without ``scale`` (a student's
+    view keeps the teacher's size), balance and mix true or false, tta "none" or "flip" (the teacher's views, as
+    predict.py's --tta), teacher null
     (the EMA of the weights) or a checkpoint's path (a fixed teacher: an earlier run's model), skeleton >= 0 (the
     skeleton recall loss's weight on the pseudo-labels; 0: off)."""
     if value is None:
@@ -131,8 +132,12 @@ def self_training_spec(value: Any, path: str) -> None:
     weight, confidence = value.get("weight", 1.0), value.get("confidence", 0.9)
     if not number(weight) or not weight > 0:
         raise ConfigError(f"{path}.weight: expected a number > 0 (the unlabelled loss's weight), found {weight!r}.")
-    if not number(confidence) or not 0 <= confidence < 1:
-        raise ConfigError(f"{path}.confidence: expected a probability from 0 to below 1, found {confidence!r}.")
+    thresholds = confidence if isinstance(confidence, list) and confidence else [confidence]
+    if not all(number(c) and 0 <= c < 1 for c in thresholds):
+        raise ConfigError(
+            f"{path}.confidence: expected a probability from 0 to below 1, or a list of them (one a class), found "
+            f"{confidence!r}."
+        )
     skeleton = value.get("skeleton", 0.0)
     if not number(skeleton) or not skeleton >= 0:
         raise ConfigError(
@@ -523,6 +528,13 @@ def self_training_needs_its_parts(cfg: Config) -> None:
             "(e.g. 0.99), give train.self_training.teacher a checkpoint (an earlier run's best.pt), or set "
             "train.self_training=null.",
             keys=("train.self_training", "train.ema"),
+        )
+    confidence = (spec or {}).get("confidence")
+    if isinstance(confidence, list) and len(confidence) != cfg.model.num_classes:
+        raise ConfigError(
+            f"train.self_training.confidence: expected one threshold a class, {cfg.model.num_classes} "
+            f"(model.num_classes), found {len(confidence)}: {confidence!r}.",
+            keys=("train.self_training.confidence", "model.num_classes"),
         )
     if scans is not None and spec is None:
         raise ConfigError(

@@ -11,9 +11,10 @@ gradients are averaged across ranks, takes one batch of this rank's unlabelled s
    with ``tta: flip``, its class probabilities are the mean over each scan and its three mirror images, each
    mirrored within the scan's own extent (srforge.tta, as predict.py's ``--tta flip``): a mark the teacher
    makes in one orientation only is less often sure, at four teacher passes instead of one;
-2. :func:`pseudo_labels`: each pixel's most likely class where its probability is at least ``confidence`` (with
-   ``balance``, at least its class's own threshold, the median of the batch's pixels of that class when lower),
-   else the ignore index; padding and anything outside a scan's size are the ignore index too;
+2. :func:`pseudo_labels`: each pixel's most likely class where its probability is at least ``confidence`` (one
+   threshold, or a list of one a class; with ``balance``, at least its class's own threshold, the median of the
+   batch's pixels of that class when lower), else the ignore index; padding and anything outside a scan's size are
+   the ignore index too;
 3. :meth:`SelfTraining.student_view`: each scan, cut to its true extent, goes through ``augment`` (a data.augment
    recipe without ``scale``) with its pseudo-labels, seeded by the stream's position, so that geometric steps move
    both alike (pixels an affine leaves empty get no label);
@@ -53,7 +54,7 @@ and ``confident_share`` (confident pixels over the scans' real pixels).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +90,7 @@ def flip_guess(teacher, image: torch.Tensor, sizes: torch.Tensor) -> tuple[torch
 def pseudo_labels(
     logits: torch.Tensor,
     sizes: torch.Tensor,
-    confidence: float,
+    confidence: float | Sequence[float],
     ignore_index: int = IGNORE_INDEX,
     balanced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,9 +98,10 @@ def pseudo_labels(
     batch with true ``sizes`` [B, 2]: the most likely class where its probability is >= the threshold and the pixel
     lies within its scan, else ``ignore_index``.
 
-    The threshold is ``confidence``; ``balanced``: each class's own, at most ``confidence``: the median probability
-    of the batch's pixels predicted as that class (class-balanced self-training, Zou et al., ECCV 2018), so that the
-    more confident half of a thin class's pixels is learned even when the teacher is rarely sure of it.
+    The threshold is ``confidence``, one for every class or a list of K, one a class (a stricter one for a thin
+    class whose false marks the student would learn); ``balanced``: each class's own, at most that: the median
+    probability of the batch's pixels predicted as that class (class-balanced self-training, Zou et al., ECCV 2018),
+    so that the more confident half of a thin class's pixels is learned even when the teacher is rarely sure of it.
     """
     probability, label = teacher_guess(logits)
     return confident_labels(probability, label, sizes, logits.shape[1], confidence, ignore_index, balanced)
@@ -110,20 +112,32 @@ def confident_labels(
     label: torch.Tensor,
     sizes: torch.Tensor,
     num_classes: int,
-    confidence: float,
+    confidence: float | Sequence[float],
     ignore_index: int = IGNORE_INDEX,
     balanced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`pseudo_labels` from the teacher's guess (:func:`teacher_guess`, [B, H, W] each, of ``num_classes``
     classes), which parts of a batch may have given separately."""
     within = valid_mask(sizes, label.shape[-2], label.shape[-1])[:, 0]
-    threshold = torch.full((num_classes,), float(confidence), device=label.device)
+    threshold = class_thresholds(confidence, num_classes).to(label.device)
     if balanced:
         for c in label[within].unique().tolist():
             mine = probability[within & (label == c)]
             threshold[c] = torch.minimum(threshold[c], mine.kthvalue((mine.numel() + 1) // 2).values)
     confident = (probability >= threshold[label]) & within
     return label.masked_fill(~confident, ignore_index), confident
+
+
+def class_thresholds(confidence: float | Sequence[float], num_classes: int) -> torch.Tensor:
+    """float32 [K]: ``confidence`` for every class, or its K values one a class (train.self_training.confidence)."""
+    if isinstance(confidence, (int, float)):
+        return torch.full((num_classes,), float(confidence))
+    if len(confidence) != num_classes:
+        raise ValueError(
+            f"train.self_training.confidence: expected one threshold or {num_classes} (one a class), found "
+            f"{len(confidence)}: {list(confidence)}"
+        )
+    return torch.tensor([float(c) for c in confidence])
 
 
 def class_mix(
@@ -169,7 +183,7 @@ class SelfTraining:
         stream: UnlabelledStream,
         *,
         weight: float = 1.0,
-        confidence: float = 0.9,
+        confidence: float | Sequence[float] = 0.9,
         start_epoch: int = 1,
         augment: Mapping | None = None,
         balance: bool = False,
@@ -180,7 +194,8 @@ class SelfTraining:
         teacher: tuple[torch.nn.Module, str, str] | None = None,
         skeleton: float = 0.0,
     ):
-        self.stream, self.weight, self.confidence, self.balance = stream, float(weight), float(confidence), balance
+        self.stream, self.weight, self.balance = stream, float(weight), balance
+        self.confidence = float(confidence) if isinstance(confidence, (int, float)) else tuple(map(float, confidence))
         self.skeleton = float(skeleton)
         self.tta = tta_mode(tta)  # None or "flip"
         self.mix, self.labelled = mix, None
