@@ -27,8 +27,10 @@ first), and the same two rounds with each student also asked to cover the skelet
 curves (``skeleton``: the skeleton recall loss on the pseudo-labels), the second of them also with that term at half
 and double weight, and with the student's views also flipped upside down (``vflip``, more noise for the student, as
 Noisy Student has it), with the pseudo-labels' term alone (the labelled scans' off), and with the student changed
-(dropout 0.1 / 0.5, twice as wide, twice the run's epochs alone and with dropout 0.1); the renderer's own model is
-trained with the ink input too, the fair baseline for those rows, and changed as each student is, its bar.
+(dropout 0.1 / 0.5, twice as wide, two, three and four times the run's epochs, twice with dropout 0.1); a third
+round taught by the student trained twice as long, and that student learning curves only at confidence 0.95 or
+0.97 (``confidence`` a class); the renderer's own model is trained with the ink input too, the fair baseline for
+those rows, and changed as each student is, its bar.
 ``--unlabelled-scans N`` sets how many scans the renderer draws over each dev and test set's depths for
 self-training (default 24; the test scans' own images stay the test sets', ``--test-scans``).
 

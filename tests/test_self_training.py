@@ -5,6 +5,7 @@ runs that learn from it, stopped and resumed to the same bits."""
 import hashlib
 import json
 import math
+import re
 import zipfile
 from pathlib import Path
 
@@ -20,7 +21,14 @@ from srforge.data import DataError
 from srforge.data.unlabelled import UnlabelledScans, UnlabelledStream
 from srforge.runtime.checkpoint import load_checkpoint, save_checkpoint
 from srforge.train import train
-from srforge.train.self_training import SelfTraining, class_mix, confident_labels, flip_guess, pseudo_labels
+from srforge.train.self_training import (
+    SelfTraining,
+    class_mix,
+    class_thresholds,
+    confident_labels,
+    flip_guess,
+    pseudo_labels,
+)
 
 
 def unlabelled_folder(root: Path, n: int = 7) -> Path:
@@ -73,15 +81,24 @@ def test_balanced_pseudo_labels_keep_the_more_confident_half_of_each_class():
 
 
 def test_each_class_may_have_its_own_confidence():
-    """The scan of the test above, thresholds 0.6 for class 0 and 0.8 for class 1: class 1 keeps p = 0.9 alone,
-    class 0 keeps 0.95, 0.6 and 0.9; one threshold of 0.6 keeps class 1's 0.6 and 0.7 too. A list of the wrong
-    length says what it expected."""
+    """The scan of the test above, thresholds 0.55 for class 0 and 0.8 for class 1: class 1 keeps p = 0.9 alone,
+    class 0 keeps 0.95, 0.6 and 0.9; one threshold of 0.55 keeps class 1's 0.6 and 0.7 too. The same list given to
+    SelfTraining becomes a tuple, and its device tensor teaches the same labels. A list of the wrong length says
+    what it expected."""
     p = torch.tensor([[[0.9, 0.6, 0.7], [0.05, 0.4, 0.1]]])
     d = torch.log(p / (1 - p))
     logits = torch.stack([torch.zeros_like(d), d], 1)
     sizes = torch.tensor([[2, 3]])
-    assert pseudo_labels(logits, sizes, [0.6, 0.8], 255)[0].tolist() == [[[1, 255, 255], [0, 0, 0]]]
-    assert pseudo_labels(logits, sizes, 0.6, 255)[0].tolist() == [[[1, 1, 1], [0, 0, 0]]]
+    strict = [[[1, 255, 255], [0, 0, 0]]]
+    assert pseudo_labels(logits, sizes, [0.55, 0.8], 255)[0].tolist() == strict
+    assert pseudo_labels(logits, sizes, 0.55, 255)[0].tolist() == [[[1, 1, 1], [0, 0, 0]]]
+    spec = SelfTraining.from_config({"confidence": [0.55, 0.8]}, None, ignore_index=255, seed=0)
+    assert spec.confidence == (0.55, 0.8)
+    thresholds = class_thresholds(spec.confidence, 2)
+    guess = logits.softmax(1).max(1)
+    assert confident_labels(*guess, sizes, 2, thresholds, 255)[0].tolist() == strict
+    confident_labels(*guess, sizes, 2, thresholds, 255, balanced=True)  # lowers its own copy to the medians
+    assert thresholds.tolist() == pytest.approx([0.55, 0.8])
     with pytest.raises(ValueError, match=r"expected one threshold or 2 \(one a class\), found 3"):
         pseudo_labels(logits, sizes, [0.6, 0.8, 0.9], 255)
 
@@ -450,7 +467,8 @@ def test_scans_larger_than_the_budget_alone_are_left_out_and_named(tmp_path):
         ({"self_training": None}, "data.unlabelled is set but train.self_training is null"),
         ({"self_training": {"augment": {"scale": [0.5, 2]}}}, "train.self_training.augment.scale: the student must"),
         ({"self_training": {"confidence": 1.5}}, "train.self_training.confidence: expected a probability"),
-        ({"self_training": {"confidence": [0.9, 1.0]}}, "train.self_training.confidence: expected a probability"),
+        ({"self_training": {"confidence": [0.9, 1.0]}}, "confidence[1]: expected a probability from 0 to below 1, or"),
+        ({"self_training": {"confidence": [True, 0.9]}}, "train.self_training.confidence[0]: expected a probability"),
         ({"self_training": {"confidence": [0.9]}}, "train.self_training.confidence: expected one threshold a class, 2"),
         ({"self_training": {"wieght": 1}}, "train.self_training: unknown key 'wieght'"),
         ({"self_training": {"mix": "yes"}}, "train.self_training.mix: expected true or false, found 'yes'"),
@@ -466,8 +484,14 @@ def test_self_training_without_its_parts_is_a_config_error(tmp_path, change, exp
     for key, value in change.items():
         section = "data" if key == "unlabelled" else "train"
         cfg[section][key] = value if not isinstance(value, dict) else {**cfg[section][key], **value}
-    with pytest.raises(ConfigError, match=expected.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
         resolve(cfg)
+
+
+def test_a_list_of_confidences_one_a_class_resolves(tmp_path):
+    cfg = self_training_config(tmp_path / "run", tmp_path).to_dict()
+    cfg["train"]["self_training"] = {**cfg["train"]["self_training"], "confidence": [0.6, 0.8]}
+    assert resolve(cfg).train.self_training["confidence"] == [0.6, 0.8]
 
 
 # -- runs -----------------------------------------------------------------------------------------------------------

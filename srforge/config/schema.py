@@ -132,11 +132,13 @@ def self_training_spec(value: Any, path: str) -> None:
     weight, confidence = value.get("weight", 1.0), value.get("confidence", 0.9)
     if not number(weight) or not weight > 0:
         raise ConfigError(f"{path}.weight: expected a number > 0 (the unlabelled loss's weight), found {weight!r}.")
-    thresholds = confidence if isinstance(confidence, list) and confidence else [confidence]
-    if not all(number(c) and 0 <= c < 1 for c in thresholds):
+    listed = isinstance(confidence, list) and bool(confidence)
+    thresholds = confidence if listed else [confidence]
+    bad = next((i for i, c in enumerate(thresholds) if not (number(c) and 0 <= c < 1)), None)
+    if bad is not None:
         raise ConfigError(
-            f"{path}.confidence: expected a probability from 0 to below 1, or a list of them (one a class), found "
-            f"{confidence!r}."
+            f"{path}.confidence{f'[{bad}]' if listed else ''}: expected a probability from 0 to below 1, or a list "
+            f"of them (one a class), found {thresholds[bad]!r}."
         )
     skeleton = value.get("skeleton", 0.0)
     if not number(skeleton) or not skeleton >= 0:
@@ -426,7 +428,8 @@ class TrainSection(Section, path="train"):
         None,
         "{weight, confidence, start_epoch, augment, balance, mix, tta, teacher, skeleton}: learn from "
         "data.unlabelled's scans through the teacher's confident predictions, the EMA of the weights (train.ema) or "
-        "teacher's checkpoint (needs data.unlabelled); null: off",
+        "teacher's checkpoint (needs data.unlabelled); confidence one threshold or a list of one a class "
+        "(train.self_training.confidence=[0.9,0.97]); null: off",
         rule=self_training_spec,
     )
     hooks: list = key(

@@ -54,6 +54,7 @@ and ``confident_share`` (confident pixels over the scans' real pixels).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -112,14 +113,18 @@ def confident_labels(
     label: torch.Tensor,
     sizes: torch.Tensor,
     num_classes: int,
-    confidence: float | Sequence[float],
+    confidence: float | Sequence[float] | torch.Tensor,
     ignore_index: int = IGNORE_INDEX,
     balanced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`pseudo_labels` from the teacher's guess (:func:`teacher_guess`, [B, H, W] each, of ``num_classes``
-    classes), which parts of a batch may have given separately."""
+    classes), which parts of a batch may have given separately. ``confidence`` may also be :func:`class_thresholds`'
+    tensor on the guess's device (left unchanged)."""
     within = valid_mask(sizes, label.shape[-2], label.shape[-1])[:, 0]
-    threshold = class_thresholds(confidence, num_classes).to(label.device)
+    if isinstance(confidence, torch.Tensor):
+        threshold = confidence.clone()  # ``balanced`` lowers its entries in place
+    else:
+        threshold = class_thresholds(confidence, num_classes, label.device)
     if balanced:
         for c in label[within].unique().tolist():
             mine = probability[within & (label == c)]
@@ -128,16 +133,17 @@ def confident_labels(
     return label.masked_fill(~confident, ignore_index), confident
 
 
-def class_thresholds(confidence: float | Sequence[float], num_classes: int) -> torch.Tensor:
-    """float32 [K]: ``confidence`` for every class, or its K values one a class (train.self_training.confidence)."""
-    if isinstance(confidence, (int, float)):
-        return torch.full((num_classes,), float(confidence))
+def class_thresholds(confidence: float | Sequence[float], num_classes: int, device=None) -> torch.Tensor:
+    """float32 [K] on ``device``: ``confidence`` for every class, or its K values one a class
+    (train.self_training.confidence). One number is filled on the device, so that no copy waits for its queue."""
+    if isinstance(confidence, numbers.Real):
+        return torch.full((num_classes,), float(confidence), device=device)
     if len(confidence) != num_classes:
         raise ValueError(
             f"train.self_training.confidence: expected one threshold or {num_classes} (one a class), found "
-            f"{len(confidence)}: {list(confidence)}"
+            f"{len(confidence)}: {list(confidence)}."
         )
-    return torch.tensor([float(c) for c in confidence])
+    return torch.tensor([float(c) for c in confidence], device=device)
 
 
 def class_mix(
@@ -195,7 +201,8 @@ class SelfTraining:
         skeleton: float = 0.0,
     ):
         self.stream, self.weight, self.balance = stream, float(weight), balance
-        self.confidence = float(confidence) if isinstance(confidence, (int, float)) else tuple(map(float, confidence))
+        self.confidence = float(confidence) if isinstance(confidence, numbers.Real) else tuple(map(float, confidence))
+        self.thresholds: torch.Tensor | None = None  # a list's tensor on the device, made at the first update
         self.skeleton = float(skeleton)
         self.tta = tta_mode(tta)  # None or "flip"
         self.mix, self.labelled = mix, None
@@ -274,7 +281,12 @@ class SelfTraining:
         if guess is None:  # a scan the teacher cannot hold alone: no unlabelled loss in this update
             return nothing
         k = trainer.num_classes
-        labels, confident = confident_labels(*guess, sizes, k, self.confidence, self.ignore_index, self.balance)
+        confidence = self.confidence
+        if isinstance(confidence, tuple):  # copied to the device once, not each update
+            if self.thresholds is None or self.thresholds.device != sizes.device:
+                self.thresholds = class_thresholds(confidence, k, sizes.device)
+            confidence = self.thresholds
+        labels, confident = confident_labels(*guess, sizes, k, confidence, self.ignore_index, self.balance)
         confident, real = confident.sum().double(), sizes.prod(1).sum().double()
         del guess
         if labelled is not None:
