@@ -115,9 +115,8 @@ def self_training_spec(value: Any, path: str) -> None:
     """null, or a mapping of SELF_TRAINING's keys (each optional): weight > 0, confidence in [0, 1) (or a list of
     them, one a class), start_epoch >= 1, augment a recipe of data.augment's keys without ``scale`` (a student's
     view keeps the teacher's size), balance and mix true or false, tta "none" or "flip" (the teacher's views, as
-    predict.py's --tta), teacher null
-    (the EMA of the weights) or a checkpoint's path (a fixed teacher: an earlier run's model), skeleton >= 0 (the
-    skeleton recall loss's weight on the pseudo-labels; 0: off)."""
+    predict.py's --tta), teacher null (the EMA of the weights) or a checkpoint's path (a fixed teacher: an earlier
+    run's model), skeleton >= 0 (the skeleton recall loss's weight on the pseudo-labels; 0: off)."""
     if value is None:
         return
     if not isinstance(value, Mapping):
