@@ -338,7 +338,8 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
         # tolerance precision is what the 24-epoch student lacks, and its teacher's false marks fall faster than its
         # curve pixels as the threshold rises: curves learnt only where the teacher is surer, background as before
         for strict in (0.95, 0.97):
-            later_round(f"second round as the student trained twice as long, curves at confidence {strict} ({where})",
+            later_round(f"second round as the student trained twice as long, curves at a confidence of {strict} "
+                        f"({where})",
                         unlabelled[kind], first, extra=(f"train.epochs={2 * epochs}",), skeleton=SKELETON_WEIGHT,
                         confidence=[SELF_TRAINING["confidence"], strict])  # fmt: skip
     return rows
