@@ -218,6 +218,16 @@ def student_changes(epochs: int) -> list[tuple[str, str, tuple[str, ...]]]:
               for k, times in ((3, "three times"), (4, "four times"))]]  # fmt: skip
 
 
+def selected(every: list[dict], patterns: list[str] | None) -> list[dict]:
+    """The variants ``--variants`` names: those whose name holds one of ``patterns`` (any case), or is one written
+    ``=NAME``, so that a name which is the start of others (the renderer's own model, plain) can be run alone; no
+    patterns: all."""
+    if not patterns:
+        return list(every)
+    wanted = [(p.startswith("="), p.removeprefix("=").lower()) for p in patterns]
+    return [v for v in every if any(v["name"].lower() == w if exact else w in v["name"].lower() for exact, w in wanted)]
+
+
 def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:
     """The renderer's scans over each dev and test set's depths drawn with other seeds (UNLABELLED_SEEDS): their
     image folders alone, what self-training may read (never the test scans themselves, never a mask)."""
@@ -620,7 +630,8 @@ def run_seed(seed: int, chosen: list[dict], setting: Setting, args, sets: dict[s
 def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--variants", nargs="+", default=None, help="only variants whose name holds one of these")
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="only variants whose name holds one of these (=NAME: that name alone)")  # fmt: skip
     parser.add_argument("--las-dir", type=Path, default=None, help=f"a folder holding {TOTEM} and {SCORPIO}")
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "results" / "transfer_work")
     parser.add_argument("--scale", type=float, default=0.125, help="scan size relative to full size (default 1/8)")
@@ -675,8 +686,7 @@ def run(args, setting: Setting, las: dict) -> int:
         "test images": [sets[name] / "images" for name in ("dev", "test_same_well", "test_other_well")],
     }
     every = variants(las["train"], unlabelled, setting.epochs)
-    chosen = [v for v in every if not args.variants or any(w.lower() in v["name"].lower() for w in args.variants)]
-    chosen = with_teachers(chosen, every)
+    chosen = with_teachers(selected(every, args.variants), every)
     skipped = [v for v in chosen if v["missing"]]
     chosen = [v for v in chosen if not v["missing"]]
     sets["srforge_held_out"] = srforge_scans(

@@ -93,3 +93,12 @@ def test_the_diagnosis_removes_small_pieces_and_scores_as_the_evaluator():
     assert kept.sum() == 7 and not kept[4, 7] and kept[2, 5]
     assert transfer_diagnosis.summary(transfer_diagnosis.curve_figures(kept, truth)) == "0.667 / 1.0000 (1.000, 1.000)"
     assert transfer_diagnosis.without_pieces(marks, 8).sum() == 0
+
+
+def test_variants_are_chosen_by_a_part_of_their_name_or_exactly():
+    every = _variants()
+    plain = bench_transfer.selected(every, ["=The renderer's own scans (48)"])
+    assert [v["name"] for v in plain] == ["the renderer's own scans (48)"]
+    parts = {v["name"] for v in bench_transfer.selected(every, ["renderer's own scans (48)"])}
+    assert "the renderer's own scans (48)" in parts and "the renderer's own scans (48), twice as wide" in parts
+    assert bench_transfer.selected(every, None) == every
