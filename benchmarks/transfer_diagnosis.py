@@ -155,8 +155,9 @@ def print_calibration(work: Path, names: list[str]) -> None:
                 curve = probabilities(predictor, read(image))
                 for t in CALIBRATION:
                     at[t] = at[t] + curve_figures(curve >= t, truth)
+                marks = curve >= 0.5
                 for n in PIECES:
-                    small[n] = small[n] + curve_figures(without_pieces(curve >= 0.5, n), truth)
+                    small[n] = small[n] + curve_figures(without_pieces(marks, n), truth)
             print(f"  {run.name}, {name}:")
             print("    " + "; ".join(f"t {t}: {summary(c)}" for t, c in at.items()))
             print("    " + "; ".join(f"N {n}: {summary(c)}" for n, c in small.items()))

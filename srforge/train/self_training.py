@@ -202,7 +202,7 @@ class SelfTraining:
     ):
         self.stream, self.weight, self.balance = stream, float(weight), balance
         self.confidence = float(confidence) if isinstance(confidence, numbers.Real) else tuple(map(float, confidence))
-        self.thresholds: torch.Tensor | None = None  # a list's tensor on the device, made at the first update
+        self.thresholds: torch.Tensor | None = None  # float32 [K] on the device, made at the first update
         self.skeleton = float(skeleton)
         self.tta = tta_mode(tta)  # None or "flip"
         self.mix, self.labelled = mix, None
@@ -281,12 +281,9 @@ class SelfTraining:
         if guess is None:  # a scan the teacher cannot hold alone: no unlabelled loss in this update
             return nothing
         k = trainer.num_classes
-        confidence = self.confidence
-        if isinstance(confidence, tuple):  # copied to the device once, not each update
-            if self.thresholds is None or self.thresholds.device != sizes.device:
-                self.thresholds = class_thresholds(confidence, k, sizes.device)
-            confidence = self.thresholds
-        labels, confident = confident_labels(*guess, sizes, k, confidence, self.ignore_index, self.balance)
+        if self.thresholds is None or self.thresholds.device != sizes.device:  # on the device once, not each update
+            self.thresholds = class_thresholds(self.confidence, k, sizes.device)
+        labels, confident = confident_labels(*guess, sizes, k, self.thresholds, self.ignore_index, self.balance)
         confident, real = confident.sum().double(), sizes.prod(1).sum().double()
         del guess
         if labelled is not None:
