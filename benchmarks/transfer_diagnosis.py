@@ -20,7 +20,8 @@ a few t, and at 0.5 with the connected curve pieces under N px removed, for a fe
 ``--teacher RUN ...`` it says how a teacher's confident pixels split, as the flip teacher sees them: for a few
 thresholds, the share of the true curve pixels whose p(curve) reaches it, and how many pixels more than 2 px from
 every curve pixel in either axis (as ``--false-marks`` counts) do: the false curve a student would learn at that
-confidence.
+confidence; and the share of the curve pixels whose p(paper) reaches it (the paper a student would learn where a
+curve is) beside the share of those far pixels that do.
 
     python benchmarks/transfer_diagnosis.py [--work benchmarks/results/transfer_work] [--seed 0]
     python benchmarks/transfer_diagnosis.py --false-marks "plain_self-training_and_skeleton_loss_other" "_ink_seed"
@@ -166,7 +167,8 @@ def print_calibration(work: Path, names: list[str]) -> None:
 def print_teacher(work: Path, names: list[str]) -> None:
     """--teacher: each run whose folder name holds one of ``names``, as a flip teacher, on every renderer set."""
     runs, sets = runs_and_sets(work, names)
-    print("share of the curve pixels / pixels > 2 px from a curve at p(curve) >= c (the flip teacher's):")
+    print("the flip teacher's confident pixels: curve, the share of the curve pixels / pixels > 2 px from a curve at")
+    print("p(curve) >= c; paper, the share of the curve pixels / of the pixels > 2 px from a curve at p(paper) >= c:")
     for run in runs:
         predictor = Predictor.from_checkpoint(run / "best.pt", device="cpu", tta="flip")
         for name in bench_transfer.SET_SEEDS:
@@ -178,7 +180,8 @@ def print_teacher(work: Path, names: list[str]) -> None:
                 off.append(curve[~ndimage.binary_dilation(truth, np.ones((5, 5), bool))])
             on, off = np.concatenate(on), np.concatenate(off)
             found = "; ".join(f"c {c}: {(on >= c).mean():.3f} / {int((off >= c).sum())}" for c in CONFIDENCES)
-            print(f"  {run.name}, {name}: {found}")
+            paper = "; ".join(f"c {c}: {(on <= 1 - c).mean():.3f} / {(off <= 1 - c).mean():.4f}" for c in CONFIDENCES)
+            print(f"  {run.name}, {name}:\n    curve {found}\n    paper {paper}")
 
 
 def print_false_marks(work: Path, names: list[str]) -> None:
