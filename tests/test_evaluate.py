@@ -6,14 +6,13 @@ import csv
 import io
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import labels, rgb, write
+from helpers import labels, rgb, run_once_more_after_native_abort, write
 from PIL import Image
 from predict_fixtures import one_thread, png, random_checkpoint, write_zip  # noqa: F401
 from test_cli_predict import _labelled
@@ -194,7 +193,7 @@ def test_two_torchrun_processes_give_the_metrics_of_one(tmp_path, ckpt, data):
     args += [str(ROOT / "scripts" / "evaluate.py"), "--checkpoint", str(ckpt), "--input", str(data)]
     args += ["--output", str(tmp_path / "two"), "--no-progress", "--device", "cpu", "--workers", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    done = run_once_more_after_native_abort(args, fresh=(tmp_path / "two",), env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("srforge-evaluate: report:") == 1  # rank 0 alone prints
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")

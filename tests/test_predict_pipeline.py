@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import run_once_more_after_native_abort
 from predict_fixtures import (  # noqa: F401  (one_thread: a fixture)
     members,
     one_thread,
@@ -177,7 +178,9 @@ def test_split_by_pixels_is_balanced_and_deterministic():
     assert split_by_pixels(keys, pixels, 3) == shares and split_by_pixels(keys, pixels, 1) == [list(range(50))]
 
 
-def torchrun(n: int, ckpt, source, out, *extra, popen=False):
+def torchrun(n: int, ckpt, source, out, *extra, popen=False, fresh: tuple[Path, ...] = ()):
+    """scripts/predict.py in ``n`` processes under torchrun: started (``popen``) or run to its end, once more after a
+    native abort with the folders ``fresh`` removed first (a rerun into a kept ``out`` resumes)."""
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
     args += [str(ROOT / "scripts" / "predict.py"), "--checkpoint", str(ckpt), "--input", str(source)]
     args += ["--output", str(out), "--no-progress", "--device", "cpu", *extra]
@@ -185,7 +188,7 @@ def torchrun(n: int, ckpt, source, out, *extra, popen=False):
         return subprocess.Popen(
             args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
-    return subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=300)
+    return run_once_more_after_native_abort(args, fresh=fresh, env=ENV)
 
 
 @pytest.mark.slow
@@ -193,7 +196,7 @@ def test_two_processes_under_torchrun_give_the_masks_of_one_and_one_report(tmp_p
     files = {**members(12), "bad.png": b"junk"}
     source = write_zip(tmp_path / "s.zip", files)
     assert predict(ckpt, source, tmp_path / "one", "--workers", "0") == 1
-    done = torchrun(2, ckpt, source, tmp_path / "two", "--workers", "1")
+    done = torchrun(2, ckpt, source, tmp_path / "two", "--workers", "1", fresh=(tmp_path / "two",))
     assert done.returncode == 1, done.stderr[-3000:]  # bad.png failed, in either process's share
     assert done.stdout.count("srforge-predict: 13 scans: 12 ok, 0 skipped, 1 failed") == 1  # rank 0 alone prints
     assert output_files(tmp_path / "one") == output_files(tmp_path / "two")

@@ -4,7 +4,6 @@ activation checkpointing from the config, the warnings about the model's padding
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import run_once_more_after_native_abort
 from torch.utils.data import Dataset
 
 from srforge.config import ConfigError, resolve
@@ -133,11 +133,6 @@ def _overrides(tmp_path, epochs=4):
     ]
 
 
-# A native abort seen about once in 20 runs on a loaded 2-core machine, in a process whose Python code raised
-# nothing (torch's C++ side, during gloo's start or teardown): such a run is started once more, and said.
-NATIVE_ABORT = "terminate called without an active exception"
-
-
 def torchrun_two(script, *args: str, cwd, fresh: tuple[Path, ...], **env: str) -> subprocess.CompletedProcess:
     """``script args`` in 2 processes under torchrun (gloo on the CPU), one thread each, srforge importable; Python's
     stacks are dumped on a fatal signal (faulthandler) so that a crash says where it was. ``fresh``: the folders the
@@ -145,17 +140,7 @@ def torchrun_two(script, *args: str, cwd, fresh: tuple[Path, ...], **env: str) -
     abort at teardown leaves a finished run there that train.py (rightly) refuses to replace."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", **env}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
-    if (
-        done.returncode != 0
-        and NATIVE_ABORT in done.stderr
-        and "Traceback (most recent call last)" not in (done.stderr.split(NATIVE_ABORT)[0])
-    ):
-        print(f"torchrun_two: a native abort ({NATIVE_ABORT}); running once more. Its stderr:\n{done.stderr[-4000:]}")
-        for folder in fresh:
-            shutil.rmtree(folder, ignore_errors=True)
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
-    return done
+    return run_once_more_after_native_abort(command, fresh=fresh, cwd=cwd, env=env)
 
 
 def torchrun_custom_dataset(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,37 @@
+"""The torchrun tests' guard: a run that died of a native abort is run once more, fresh; any other failure is not."""
+
+import sys
+
+import pytest
+from helpers import NATIVE_ABORT, run_once_more_after_native_abort
+
+# Its first run fails with the message it is given, after making its folder (as a run that aborted at teardown
+# leaves a finished run folder behind); a later run says whether it found that folder.
+SCRIPT = """
+import sys
+from pathlib import Path
+out, message = Path(sys.argv[1]), sys.argv[2]
+tries = out.parent / "tries"
+tries.mkdir(exist_ok=True)
+n = len(list(tries.iterdir()))
+(tries / str(n)).touch()
+found = out.exists()
+out.mkdir(exist_ok=True)
+if n == 0:
+    sys.exit(message)
+print("run", n, "found its folder" if found else "fresh")
+"""
+
+
+def test_a_native_abort_is_run_once_more_with_its_folders_removed(tmp_path):
+    out = tmp_path / "run"
+    done = run_once_more_after_native_abort([sys.executable, "-c", SCRIPT, str(out), NATIVE_ABORT], fresh=(out,))
+    assert done.returncode == 0 and done.stdout.strip() == "run 1 fresh"
+
+
+@pytest.mark.parametrize("message", [f"Traceback (most recent call last):\nValueError\n{NATIVE_ABORT}", "Killed"])
+def test_a_python_error_or_another_failure_is_not_run_again(tmp_path, message):
+    out = tmp_path / "run"
+    done = run_once_more_after_native_abort([sys.executable, "-c", SCRIPT, str(out), message], fresh=(out,))
+    assert done.returncode == 1 and done.stderr.strip() == message
+    assert len(list((tmp_path / "tries").iterdir())) == 1 and out.is_dir()
