@@ -21,12 +21,14 @@ a few t, and at 0.5 with the connected curve pieces under N px removed, for a fe
 thresholds, the share of the true curve pixels whose p(curve) reaches it, and how many pixels more than 2 px from
 every curve pixel in either axis (as ``--false-marks`` counts) do: the false curve a student would learn at that
 confidence; and the share of the curve pixels whose p(paper) reaches it (the paper a student would learn where a
-curve is) beside the share of those far pixels that do.
+curve is) beside the share of those far pixels that do. With ``--ensemble RUN ...`` it scores the runs alone and
+as one model, the mean of their p(curve): how far what the runs share is from what each alone gets.
 
     python benchmarks/transfer_diagnosis.py [--work benchmarks/results/transfer_work] [--seed 0]
     python benchmarks/transfer_diagnosis.py --false-marks "plain_self-training_and_skeleton_loss_other" "_ink_seed"
     python benchmarks/transfer_diagnosis.py --calibration "student_trained_twice_as_long_other" "epochs24_seed"
     python benchmarks/transfer_diagnosis.py --teacher "input_double-weight_self-training_with_the_flip"
+    python benchmarks/transfer_diagnosis.py --ensemble "renderer_ddb3cbe75c_seed"
 """
 
 from __future__ import annotations
@@ -184,6 +186,22 @@ def print_teacher(work: Path, names: list[str]) -> None:
             print(f"  {run.name}, {name}:\n    curve {found}\n    paper {paper}")
 
 
+def print_ensemble(work: Path, names: list[str]) -> None:
+    """--ensemble: the runs whose folder name holds one of ``names``, each alone and as one model (the mean of their
+    p(curve)), on every renderer set."""
+    runs, sets = runs_and_sets(work, names)
+    predictors = [Predictor.from_checkpoint(run / "best.pt", device="cpu") for run in runs]
+    print("curve IoU / tolerance F1 (tolerance precision, recall) of " + ", ".join(run.name for run in runs) + ":")
+    for name in bench_transfer.SET_SEEDS:
+        alone, together = [0] * len(runs), 0
+        for image, mask_path in pairs(sets / name, limit=1000):
+            truth = np.asarray(Image.open(mask_path)) > 0
+            curves = [probabilities(predictor, read(image)) for predictor in predictors]
+            alone = [counts + curve_figures(curve >= 0.5, truth) for counts, curve in zip(alone, curves)]
+            together = together + curve_figures(np.mean(curves, axis=0) >= 0.5, truth)
+        print(f"  {name}: each {'; '.join(summary(c) for c in alone)}; their mean {summary(together)}")
+
+
 def print_false_marks(work: Path, names: list[str]) -> None:
     """--false-marks: each run whose folder name holds one of ``names``, on every renderer set."""
     runs, sets = runs_and_sets(work, names)
@@ -207,9 +225,10 @@ def main() -> None:
     parser.add_argument("--false-marks", nargs="+", metavar="RUN", help="where these runs' false marks lie")
     parser.add_argument("--calibration", nargs="+", metavar="RUN", help="these runs at other thresholds")
     parser.add_argument("--teacher", nargs="+", metavar="RUN", help="these runs' confident pixels, as flip teachers")
+    parser.add_argument("--ensemble", nargs="+", metavar="RUN", help="these runs alone and as one (mean p(curve))")
     args = parser.parse_args()
     for option, report in ((args.false_marks, print_false_marks), (args.calibration, print_calibration),
-                           (args.teacher, print_teacher)):  # fmt: skip
+                           (args.teacher, print_teacher), (args.ensemble, print_ensemble)):  # fmt: skip
         if option:
             return report(args.work, option)
     runs = args.work / "runs"
