@@ -29,8 +29,9 @@ and double weight, and with the student's views also flipped upside down (``vfli
 Noisy Student has it), with the pseudo-labels' term alone (the labelled scans' off), and with the student changed
 (dropout 0.1 / 0.5, twice as wide, two, three and four times the run's epochs, twice with dropout 0.1); a third
 round taught by the student trained twice as long, and that student learning curves only at confidence 0.95 or
-0.97 (``confidence`` a class), and curves at 0.95 with paper only at 0.97 or 0.99; the renderer's own model is
-trained with the ink input too, the fair baseline for those rows, and changed as each student is, its bar.
+0.97 (``confidence`` a class), and curves at 0.95 with paper only at 0.97 or 0.99; the recipe's two rounds
+(``RECIPE_ROUNDS``) again with the randomised LAS-curves generator; the renderer's own model is trained with the ink
+input too, the fair baseline for those rows, and changed as each student is, its bar.
 ``--unlabelled-scans N`` sets how many scans the renderer draws over each dev and test set's depths for
 self-training (default 24; the test scans' own images stay the test sets', ``--test-scans``).
 
@@ -196,6 +197,12 @@ def randomise_key(keys: dict[str, tuple]) -> str | None:
 SELF_TRAINING = {"weight": 1.0, "confidence": 0.9,
                  "augment": {"hflip": 0.5, "color_jitter": {"brightness": 0.3, "contrast": 0.3}, "noise": 0.03}}
 EMA = 0.99
+# The recipe's rounds (docs/training.md), by the end of their names: the first, and the second that the README's
+# figure is of
+RECIPE_ROUNDS = (
+    ", + ink input, double-weight self-training with the flip teacher and skeleton loss (other renderer scans)",
+    ", second round as the student trained twice as long, curves at a confidence of 0.95 (other renderer scans)",
+)
 SKELETON_WEIGHT = 1.0
 UNLABELLED_SEEDS = {"dev": 2001, "test_same_well": 2002, "test_other_well": 2003}
 # UNet(ink=True): each scan as its darkness against its own paper, in its darkest channel (srforge.models.ink).
@@ -239,14 +246,15 @@ def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -
     return folders
 
 
-def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epochs: int) -> list[dict]:
-    """The generator's randomised own-curves variant (``base``, its overrides) with self-training on each kind of
+def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epochs: int,
+                        curves: str = "own curves") -> list[dict]:  # fmt: skip
+    """The generator's randomised variant of ``curves`` (``base``, its overrides) with self-training on each kind of
     unlabelled scans (from epoch ``epochs`` // 3 + 1 on), with the thin-structure loss, and with both."""
     rows = []
     spec = {**SELF_TRAINING, "start_epoch": epochs // 3 + 1}
 
     def add(name: str, extra: list[str]) -> None:
-        rows.append({"name": f"srforge generator, own curves, randomisation on, {name}", "kind": "srforge",
+        rows.append({"name": f"srforge generator, {curves}, randomisation on, {name}", "kind": "srforge",
                      "overrides": [*base, *extra], "missing": ""})  # fmt: skip
 
     def learning_from(folders: list[Path], **options) -> list[str]:
@@ -368,7 +376,7 @@ def variants(las_train: Path, unlabelled: dict[str, list[Path]] | None = None, e
     "test images"}: image folders), the adaptation variants of the randomised own-curves generator follow."""
     keys = synthetic_keys()
     random_key = randomise_key(keys)
-    rows, adapted = [], []
+    rows, adapted, las_rounds = [], [], []
     for curves in ("own", "las"):
         for randomised in (False, True):
             overrides, missing = [], []
@@ -385,7 +393,12 @@ def variants(las_train: Path, unlabelled: dict[str, list[Path]] | None = None, e
             rows.append({"name": name, "kind": "srforge", "overrides": overrides, "missing": "; ".join(missing)})
             if unlabelled is not None and curves == "own" and randomised and not missing:
                 adapted = adaptation_variants(overrides, unlabelled, epochs)
-    rows += adapted
+            if unlabelled is not None and curves == "las" and randomised and not missing:
+                # the recipe's two rounds with the well's own curves drawn: its students miss curve pixels where
+                # curves crowd, which the generator's own curves may rarely draw
+                las_rounds = [row for row in adaptation_variants(overrides, unlabelled, epochs, "LAS curves")
+                              if row["name"].endswith(RECIPE_ROUNDS)]  # fmt: skip
+    rows += adapted + las_rounds
     rows.append({"name": "the renderer's own scans (48)", "kind": "renderer", "overrides": [], "missing": ""})
     rows.append({"name": "the renderer's own scans (48), ink input", "kind": "renderer", "overrides": [INK],
                  "missing": ""})  # fmt: skip
