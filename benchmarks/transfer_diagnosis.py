@@ -22,19 +22,23 @@ thresholds, the share of the true curve pixels whose p(curve) reaches it, and ho
 every curve pixel in either axis (as ``--false-marks`` counts) do: the false curve a student would learn at that
 confidence; and the share of the curve pixels whose p(paper) reaches it (the paper a student would learn where a
 curve is) beside the share of those far pixels that do. With ``--ensemble RUN ...`` it scores the runs alone and
-as one model, the mean of their p(curve): how far what the runs share is from what each alone gets.
+as one model, the mean of their p(curve): how far what the runs share is from what each alone gets. With ``--misses
+A B`` it says which same-well curve pixels the runs named like A (as one) and those named like B miss, and what is
+around them.
 
     python benchmarks/transfer_diagnosis.py [--work benchmarks/results/transfer_work] [--seed 0]
     python benchmarks/transfer_diagnosis.py --false-marks "plain_self-training_and_skeleton_loss_other" "_ink_seed"
     python benchmarks/transfer_diagnosis.py --calibration "student_trained_twice_as_long_other" "epochs24_seed"
-    python benchmarks/transfer_diagnosis.py --teacher "input_double-weight_self-training_with_the_flip"
+    python benchmarks/transfer_diagnosis.py --teacher "own_curves*input_double-weight_self-training_with_the_flip"
     python benchmarks/transfer_diagnosis.py --ensemble "renderer_ddb3cbe75c_seed"
+    python benchmarks/transfer_diagnosis.py --misses "own_curves*confidence_of_0.95_other" "renderer_ddb3cbe75c_seed"
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import numpy as np
@@ -115,8 +119,9 @@ def false_marks(predictor: Predictor, folder: Path, well, seed: int, scale: floa
 
 
 def runs_and_sets(work: Path, names: list[str]) -> tuple[list[Path], Path]:
-    """(the run folders whose name holds one of ``names``, the renderer's dev and test sets)."""
-    runs = sorted(run for run in (work / "runs").iterdir() if any(name in run.name for name in names))
+    """(the run folders whose name holds one of ``names``, the renderer's dev and test sets); a ``*`` in a name
+    stands for any run of characters, so that two parts of a long name can pick it out."""
+    runs = sorted(run for run in (work / "runs").iterdir() if any(fnmatchcase(run.name, f"*{n}*") for n in names))
     sets = next(work.glob("sets_*"), None)
     if not runs or sets is None:
         raise SystemExit(f"{work}: no run named like {names} and the renderer's sets; run bench_transfer.py first")
@@ -202,6 +207,38 @@ def print_ensemble(work: Path, names: list[str]) -> None:
         print(f"  {name}: each {'; '.join(summary(c) for c in alone)}; their mean {summary(together)}")
 
 
+def print_misses(work: Path, names: list[str]) -> None:
+    """--misses A B: the runs whose folder name holds ``A`` as one model (the mean of their p(curve)) against those
+    whose name holds ``B``, on the same-well set: the curve pixels each finds (a mark within 2 px) and misses, and
+    what lies around them (9x9 neighbourhoods)."""
+    groups = []
+    for name in names:
+        runs, sets = runs_and_sets(work, [name])
+        groups.append([Predictor.from_checkpoint(run / "best.pt", device="cpu") for run in runs])
+        print(f"{name}: {len(runs)} runs as one")
+    kinds = {"found by both": (True, True), f"missed by {names[0]} alone": (False, True),
+             f"missed by {names[1]} alone": (True, False), "missed by both": (False, False)}  # fmt: skip
+    found = {kind: [] for kind in kinds}
+    near = np.ones((5, 5), bool)
+    for image, mask_path in pairs(sets / "test_same_well", limit=1000):
+        truth, scan = np.asarray(Image.open(mask_path)) > 0, read(image)
+        grey = scan[..., :3].astype(float) @ np.array([0.299, 0.587, 0.114])
+        hits = [ndimage.binary_dilation(np.mean([probabilities(p, scan) for p in group], axis=0) >= 0.5, near)
+                for group in groups]  # fmt: skip
+        darker = ndimage.median_filter(grey, size=9) - grey  # how much darker than its neighbourhood's median
+        curve_around = ndimage.uniform_filter(truth.astype(float), size=9)
+        ink_around = ndimage.uniform_filter(((grey < 150) & ~ndimage.binary_dilation(truth, near)).astype(float), 9)
+        for kind, (a, b) in kinds.items():
+            where = truth & (hits[0] == a) & (hits[1] == b)
+            found[kind].append(np.stack([darker[where], curve_around[where], ink_around[where]]))
+    total = sum(np.concatenate(v, axis=1).shape[1] for v in found.values())
+    print("same-well curve pixels: share; grey levels darker than their 9x9 median; the 9x9 share of curve pixels and")
+    print("of ink (grey < 150) more than 2 px from a curve (medians, the last a mean):")
+    for kind, parts in found.items():
+        darker, curve, ink = np.concatenate(parts, axis=1)
+        print(f"  {kind}: {darker.size / total:.3f}; {np.median(darker):.0f}; {np.median(curve):.2f}, {ink.mean():.3f}")
+
+
 def print_false_marks(work: Path, names: list[str]) -> None:
     """--false-marks: each run whose folder name holds one of ``names``, on every renderer set."""
     runs, sets = runs_and_sets(work, names)
@@ -226,9 +263,11 @@ def main() -> None:
     parser.add_argument("--calibration", nargs="+", metavar="RUN", help="these runs at other thresholds")
     parser.add_argument("--teacher", nargs="+", metavar="RUN", help="these runs' confident pixels, as flip teachers")
     parser.add_argument("--ensemble", nargs="+", metavar="RUN", help="these runs alone and as one (mean p(curve))")
+    parser.add_argument("--misses", nargs=2, metavar=("A", "B"), help="the curve pixels runs A and runs B miss")
     args = parser.parse_args()
     for option, report in ((args.false_marks, print_false_marks), (args.calibration, print_calibration),
-                           (args.teacher, print_teacher), (args.ensemble, print_ensemble)):  # fmt: skip
+                           (args.teacher, print_teacher), (args.ensemble, print_ensemble),
+                           (args.misses, print_misses)):  # fmt: skip
         if option:
             return report(args.work, option)
     runs = args.work / "runs"

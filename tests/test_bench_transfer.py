@@ -95,6 +95,24 @@ def test_the_diagnosis_removes_small_pieces_and_scores_as_the_evaluator():
     assert transfer_diagnosis.without_pieces(marks, 8).sum() == 0
 
 
+def test_the_diagnosis_picks_runs_by_parts_of_their_name(tmp_path):
+    pytest.importorskip("scipy", reason="the bench extra (scipy): the diagnosis labels pieces")
+    import transfer_diagnosis
+
+    names = ["gen_own_curves_round1_seed0", "gen_own_curves_round1_seed1", "gen_LAS_curves_round1_seed0",
+             "gen_own_curves_round1_seed1_u216"]  # fmt: skip
+    for name in [*(f"runs/{n}" for n in names), "sets_abc"]:
+        (tmp_path / name).mkdir(parents=True)
+    picked = lambda *parts: [r.name for r in transfer_diagnosis.runs_and_sets(tmp_path, list(parts))[0]]  # noqa: E731
+    assert picked("round1_seed0") == ["gen_LAS_curves_round1_seed0", "gen_own_curves_round1_seed0"]
+    assert picked("own*round1_seed?") == ["gen_own_curves_round1_seed0", "gen_own_curves_round1_seed1",
+                                          "gen_own_curves_round1_seed1_u216"]  # fmt: skip
+    assert picked("own*seed?", "LAS*seed0") == sorted(names)
+    assert picked("own*round1_seed1_u2?6") == ["gen_own_curves_round1_seed1_u216"]
+    with pytest.raises(SystemExit, match="no run named like"):
+        picked("renderer")
+
+
 def test_variants_are_chosen_by_a_part_of_their_name_or_exactly():
     every = _variants()
     plain = bench_transfer.selected(every, ["=The renderer's own scans (48)"])
