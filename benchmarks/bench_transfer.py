@@ -76,6 +76,7 @@ import sys
 import tarfile
 import time
 from dataclasses import asdict, dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import numpy as np
@@ -226,13 +227,14 @@ def student_changes(epochs: int) -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 def selected(every: list[dict], patterns: list[str] | None) -> list[dict]:
-    """The variants ``--variants`` names: those whose name holds one of ``patterns`` (any case), or is one written
-    ``=NAME``, so that a name which is the start of others (the renderer's own model, plain) can be run alone; no
-    patterns: all."""
+    """The variants ``--variants`` names: those whose name holds one of ``patterns`` (any case; a ``*`` in it stands
+    for any run of characters, so that two parts of a name can pick it out), or is one written ``=NAME``, so that a
+    name which is the start of others (the renderer's own model, plain) can be run alone; no patterns: all."""
     if not patterns:
         return list(every)
-    wanted = [(p.startswith("="), p.removeprefix("=").lower()) for p in patterns]
-    return [v for v in every if any(v["name"].lower() == w if exact else w in v["name"].lower() for exact, w in wanted)]
+    exact = {p[1:].lower() for p in patterns if p.startswith("=")}
+    parts = [f"*{p.lower()}*" for p in patterns if not p.startswith("=")]
+    return [v for v in every if v["name"].lower() in exact or any(fnmatchcase(v["name"].lower(), w) for w in parts)]
 
 
 def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:

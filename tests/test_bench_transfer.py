@@ -120,3 +120,8 @@ def test_variants_are_chosen_by_a_part_of_their_name_or_exactly():
     parts = {v["name"] for v in bench_transfer.selected(every, ["renderer's own scans (48)"])}
     assert "the renderer's own scans (48)" in parts and "the renderer's own scans (48), twice as wide" in parts
     assert bench_transfer.selected(every, None) == every
+    recipe = "curves at a confidence of 0.95 (other"
+    both = [v["name"] for v in bench_transfer.selected(every, [recipe])]
+    assert [name.split(",")[1] for name in both] == [" own curves", " LAS curves"]
+    own = [v["name"] for v in bench_transfer.selected(every, [f"OWN curves*{recipe}"])]
+    assert own == both[:1] and own[0].endswith(bench_transfer.RECIPE_ROUNDS[1])
