@@ -227,9 +227,10 @@ def student_changes(epochs: int) -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 def selected(every: list[dict], patterns: list[str] | None) -> list[dict]:
-    """The variants ``--variants`` names: those whose name holds one of ``patterns`` (any case; a ``*`` in it stands
-    for any run of characters, so that two parts of a name can pick it out), or is one written ``=NAME``, so that a
-    name which is the start of others (the renderer's own model, plain) can be run alone; no patterns: all."""
+    """The variants ``--variants`` names: those whose name holds one of ``patterns`` (any case; in it ``*`` stands
+    for any run of characters, so that two parts of a name can pick it out, and ``?`` for any one), or is one written
+    ``=NAME`` (taken as it is), so that a name which is the start of others (the renderer's own model, plain) can be
+    run alone; no patterns: all."""
     if not patterns:
         return list(every)
     exact = {p[1:].lower() for p in patterns if p.startswith("=")}
@@ -375,7 +376,8 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
 def variants(las_train: Path, unlabelled: dict[str, list[Path]] | None = None, epochs: int = 12) -> list[dict]:
     """Each training variant: {"name", "kind": "srforge" | "renderer" | "threshold", "overrides", "missing"}; a
     variant whose key srforge lacks has ``missing`` (why it is not run). With ``unlabelled`` ({"other seed",
-    "test images"}: image folders), the adaptation variants of the randomised own-curves generator follow."""
+    "test images"}: image folders), the adaptation variants of the randomised own-curves generator follow, and the
+    recipe's two rounds (RECIPE_ROUNDS) on the randomised LAS-curves generator."""
     keys = synthetic_keys()
     random_key = randomise_key(keys)
     rows, adapted, las_rounds = [], [], []
@@ -396,8 +398,8 @@ def variants(las_train: Path, unlabelled: dict[str, list[Path]] | None = None, e
             if unlabelled is not None and curves == "own" and randomised and not missing:
                 adapted = adaptation_variants(overrides, unlabelled, epochs)
             if unlabelled is not None and curves == "las" and randomised and not missing:
-                # the recipe's two rounds with the well's own curves drawn: its students miss curve pixels where
-                # curves crowd, which the generator's own curves may rarely draw
+                # the recipe's two rounds with the training well's LAS curves drawn: its students miss curve pixels
+                # where curves crowd, which the generator's own synthetic curves may rarely draw
                 las_rounds = [row for row in adaptation_variants(overrides, unlabelled, epochs, "LAS curves")
                               if row["name"].endswith(RECIPE_ROUNDS)]  # fmt: skip
     rows += adapted + las_rounds
@@ -653,7 +655,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--variants", nargs="+", default=None,
-                        help="only variants whose name holds one of these (=NAME: that name alone)")  # fmt: skip
+                        help="only variants whose name holds one of these, * and ? wildcards (=NAME: that name "
+                             "alone)")  # fmt: skip
     parser.add_argument("--las-dir", type=Path, default=None, help=f"a folder holding {TOTEM} and {SCORPIO}")
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "results" / "transfer_work")
     parser.add_argument("--scale", type=float, default=0.125, help="scan size relative to full size (default 1/8)")

@@ -29,7 +29,7 @@ around them.
     python benchmarks/transfer_diagnosis.py [--work benchmarks/results/transfer_work] [--seed 0]
     python benchmarks/transfer_diagnosis.py --false-marks "plain_self-training_and_skeleton_loss_other" "_ink_seed"
     python benchmarks/transfer_diagnosis.py --calibration "student_trained_twice_as_long_other" "epochs24_seed"
-    python benchmarks/transfer_diagnosis.py --teacher "own_curves*input_double-weight_self-training_with_the_flip"
+    python benchmarks/transfer_diagnosis.py --teacher "own_curves*with_the_flip_teacher_and_skeleton_loss_other*_u72"
     python benchmarks/transfer_diagnosis.py --ensemble "renderer_ddb3cbe75c_seed"
     python benchmarks/transfer_diagnosis.py --misses "own_curves*confidence_of_0.95_other" "renderer_ddb3cbe75c_seed"
 """
@@ -119,9 +119,10 @@ def false_marks(predictor: Predictor, folder: Path, well, seed: int, scale: floa
 
 
 def runs_and_sets(work: Path, names: list[str]) -> tuple[list[Path], Path]:
-    """(the run folders whose name holds one of ``names``, the renderer's dev and test sets); a ``*`` in a name
-    stands for any run of characters, so that two parts of a long name can pick it out."""
-    runs = sorted(run for run in (work / "runs").iterdir() if any(fnmatchcase(run.name, f"*{n}*") for n in names))
+    """(the run folders whose name holds one of ``names``, any case, the renderer's dev and test sets); in a name
+    ``*`` stands for any run of characters, so that two parts of a long name can pick it out, and ``?`` for any one."""
+    wanted = [f"*{name.lower()}*" for name in names]
+    runs = sorted(run for run in (work / "runs").iterdir() if any(fnmatchcase(run.name.lower(), w) for w in wanted))
     sets = next(work.glob("sets_*"), None)
     if not runs or sets is None:
         raise SystemExit(f"{work}: no run named like {names} and the renderer's sets; run bench_transfer.py first")
@@ -187,6 +188,7 @@ def print_teacher(work: Path, names: list[str]) -> None:
                 off.append(curve[~ndimage.binary_dilation(truth, np.ones((5, 5), bool))])
             on, off = np.concatenate(on), np.concatenate(off)
             found = "; ".join(f"c {c}: {(on >= c).mean():.3f} / {int((off >= c).sum())}" for c in CONFIDENCES)
+            # two classes: p(paper) = 1 - p(curve)
             paper = "; ".join(f"c {c}: {(on <= 1 - c).mean():.3f} / {(off <= 1 - c).mean():.4f}" for c in CONFIDENCES)
             print(f"  {run.name}, {name}:\n    curve {found}\n    paper {paper}")
 
@@ -209,8 +211,8 @@ def print_ensemble(work: Path, names: list[str]) -> None:
 
 def print_misses(work: Path, names: list[str]) -> None:
     """--misses A B: the runs whose folder name holds ``A`` as one model (the mean of their p(curve)) against those
-    whose name holds ``B``, on the same-well set: the curve pixels each finds (a mark within 2 px) and misses, and
-    what lies around them (9x9 neighbourhoods)."""
+    whose name holds ``B``, on the same-well set: the curve pixels each finds (a mark within 2 px in either axis, as
+    --false-marks counts, looser than the evaluator's disc) and misses, and what lies around them (9x9)."""
     groups = []
     for name in names:
         runs, sets = runs_and_sets(work, [name])
@@ -235,8 +237,8 @@ def print_misses(work: Path, names: list[str]) -> None:
     print("same-well curve pixels: share; grey levels darker than their 9x9 median; the 9x9 share of curve pixels and")
     print("of ink (grey < 150) more than 2 px from a curve (medians, the last a mean):")
     for kind, parts in found.items():
-        darker, curve, ink = np.concatenate(parts, axis=1)
-        print(f"  {kind}: {darker.size / total:.3f}; {np.median(darker):.0f}; {np.median(curve):.2f}, {ink.mean():.3f}")
+        below, curve, ink = np.concatenate(parts, axis=1)
+        print(f"  {kind}: {below.size / total:.3f}; {np.median(below):.0f}; {np.median(curve):.2f}, {ink.mean():.3f}")
 
 
 def print_false_marks(work: Path, names: list[str]) -> None:

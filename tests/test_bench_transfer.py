@@ -109,6 +109,7 @@ def test_the_diagnosis_picks_runs_by_parts_of_their_name(tmp_path):
                                           "gen_own_curves_round1_seed1_u216"]  # fmt: skip
     assert picked("own*seed?", "LAS*seed0") == sorted(names)
     assert picked("own*round1_seed1_u2?6") == ["gen_own_curves_round1_seed1_u216"]
+    assert picked("las_CURVES") == ["gen_LAS_curves_round1_seed0"]  # any case, as --variants
     with pytest.raises(SystemExit, match="no run named like"):
         picked("renderer")
 
@@ -125,3 +126,4 @@ def test_variants_are_chosen_by_a_part_of_their_name_or_exactly():
     assert [name.split(",")[1] for name in both] == [" own curves", " LAS curves"]
     own = [v["name"] for v in bench_transfer.selected(every, [f"OWN curves*{recipe}"])]
     assert own == both[:1] and own[0].endswith(bench_transfer.RECIPE_ROUNDS[1])
+    assert bench_transfer.selected(every, [f"={own[0].replace('own', '*')}"]) == []  # =NAME is taken as it is

@@ -23,9 +23,15 @@ print("run", n, "found its folder" if found else "fresh")
 """
 
 
-def test_a_native_abort_is_run_once_more_with_its_folders_removed(tmp_path):
+# torchrun reports a child's death with a Python traceback of its own, after the child's abort
+TORCHRUN_AFTER = "\nTraceback (most recent call last):\n  ...\nChildFailedError: scripts/train.py FAILED"
+
+
+@pytest.mark.parametrize("after", ["", TORCHRUN_AFTER])
+def test_a_native_abort_is_run_once_more_with_its_folders_removed(tmp_path, after):
     out = tmp_path / "run"
-    done = run_once_more_after_native_abort([sys.executable, "-c", SCRIPT, str(out), NATIVE_ABORT], fresh=(out,))
+    command = [sys.executable, "-c", SCRIPT, str(out), NATIVE_ABORT + after]
+    done = run_once_more_after_native_abort(command, fresh=(out,))
     assert done.returncode == 0 and done.stdout.strip() == "run 1 fresh"
 
 
