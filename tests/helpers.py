@@ -131,10 +131,11 @@ NATIVE_ABORT = "terminate called without an active exception"
 def run_once_more_after_native_abort(
     command: list[str], fresh: tuple[Path, ...], **kwargs
 ) -> subprocess.CompletedProcess:
-    """``command`` run to its end (stdout and stderr captured, 300 s at most; ``kwargs`` to subprocess.run), and run
-    once more, with the folders ``fresh`` removed first, when it died of :data:`NATIVE_ABORT` with no Python error
-    before it: the torchrun tests' guard against that abort."""
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, **kwargs)
+    """``command`` run to its end (``kwargs`` to subprocess.run; by default stdout and stderr captured as text, 300 s
+    at most), and run once more, with the folders ``fresh`` removed first, when it died of :data:`NATIVE_ABORT` with
+    no Python error before it: the torchrun tests' guard against that abort."""
+    kwargs = {"capture_output": True, "text": True, "timeout": 300, **kwargs}
+    done = subprocess.run(command, **kwargs)
     if (
         done.returncode != 0
         and NATIVE_ABORT in done.stderr
@@ -143,5 +144,5 @@ def run_once_more_after_native_abort(
         print(f"a native abort ({NATIVE_ABORT}); running once more. Its stderr:\n{done.stderr[-4000:]}")
         for folder in fresh:
             shutil.rmtree(folder, ignore_errors=True)
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, **kwargs)
+        done = subprocess.run(command, **kwargs)
     return done

@@ -1,5 +1,6 @@
 """The torchrun tests' guard: a run that died of a native abort is run once more, fresh; any other failure is not."""
 
+import subprocess
 import sys
 
 import pytest
@@ -8,6 +9,7 @@ from helpers import NATIVE_ABORT, run_once_more_after_native_abort
 # Its first run fails with the message it is given, after making its folder (as a run that aborted at teardown
 # leaves a finished run folder behind); a later run says whether it found that folder.
 SCRIPT = """
+import subprocess
 import sys
 from pathlib import Path
 out, message = Path(sys.argv[1]), sys.argv[2]
@@ -41,3 +43,8 @@ def test_a_python_error_or_another_failure_is_not_run_again(tmp_path, message):
     done = run_once_more_after_native_abort([sys.executable, "-c", SCRIPT, str(out), message], fresh=(out,))
     assert done.returncode == 1 and done.stderr.strip() == message
     assert len(list((tmp_path / "tries").iterdir())) == 1 and out.is_dir()
+
+
+def test_the_caller_s_arguments_replace_the_defaults():
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_once_more_after_native_abort([sys.executable, "-c", "import time; time.sleep(30)"], (), timeout=0.5)
