@@ -9,7 +9,6 @@ from helpers import NATIVE_ABORT, run_once_more_after_native_abort
 # Its first run fails with the message it is given, after making its folder (as a run that aborted at teardown
 # leaves a finished run folder behind); a later run says whether it found that folder.
 SCRIPT = """
-import subprocess
 import sys
 from pathlib import Path
 out, message = Path(sys.argv[1]), sys.argv[2]
