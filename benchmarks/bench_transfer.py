@@ -29,7 +29,9 @@ and double weight, and with the student's views also flipped upside down (``vfli
 Noisy Student has it), with the pseudo-labels' term alone (the labelled scans' off), and with the student changed
 (dropout 0.1 / 0.5, twice as wide, two, three and four times the run's epochs, twice with dropout 0.1); a third
 round taught by the student trained twice as long, and that student learning curves only at confidence 0.95 or
-0.97 (``confidence`` a class), and curves at 0.95 with paper only at 0.97 or 0.99; the recipe's two rounds
+0.97 (``confidence`` a class), curves at 0.95 with paper only at 0.97 or 0.99, and curves at 0.95 with ClassMix of
+the labelled curves (``mix: true``) or of each scan's own, mirrored (``mix: mirror``, curves at 0.95, 0.97 and 0.99:
+crowded curves in the student's view); the recipe's two rounds
 (``RECIPE_ROUNDS``) again with the randomised LAS-curves generator; the renderer's own model is trained with the ink
 input too, the fair baseline for those rows, and changed as each student is, its bar.
 ``--unlabelled-scans N`` sets how many scans the renderer draws over each dev and test set's depths for
@@ -370,6 +372,19 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
                         f"({where})",
                         unlabelled[kind], first, extra=(f"train.epochs={2 * epochs}",), skeleton=SKELETON_WEIGHT,
                         confidence=[paper, 0.95])  # fmt: skip
+        # the students miss curve pixels where curves crowd, which the teacher calls paper there too: ClassMix
+        # pastes the update's labelled curves over the target's own, truly labelled, so that curves beside and across
+        # other curves are taught on the target's paper
+        later_round(f"second round as the student trained twice as long, curves at 0.95 and ClassMix ({where})",
+                    unlabelled[kind], first, extra=(f"train.epochs={2 * epochs}",), skeleton=SKELETON_WEIGHT,
+                    confidence=[SELF_TRAINING["confidence"], 0.95], mix=True)  # fmt: skip
+        # the same crowding from the archive itself: each scan's confident curves, mirrored along the depth, pasted
+        # over it, in the target's own look; and with stricter curves, fewer of the teacher's false lines doubled
+        for strict in (0.95, 0.97, 0.99):
+            later_round(f"second round as the student trained twice as long, curves at {strict} and mirror ClassMix "
+                        f"({where})",
+                        unlabelled[kind], first, extra=(f"train.epochs={2 * epochs}",), skeleton=SKELETON_WEIGHT,
+                        confidence=[SELF_TRAINING["confidence"], strict], mix="mirror")  # fmt: skip
     return rows
 
 

@@ -56,7 +56,7 @@ from srforge.predict import Predictor  # noqa: E402
 
 GENERATOR = "srforge_generator_own_curves_randomisation_on_seed{seed}_"
 THRESHOLDS = (0.5, 0.4, 0.3, 0.2)
-CALIBRATION = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # p(curve) a pixel needs to be curve
+CALIBRATION = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99)  # p(curve) a pixel needs to be curve
 PIECES = (4, 8, 16)  # px: connected curve pieces smaller than this are removed
 CONFIDENCES = (0.5, 0.9, 0.95, 0.97, 0.99)
 

@@ -109,14 +109,18 @@ SELF_TRAINING = {
     "weight": 1.0, "confidence": 0.9, "start_epoch": 1, "augment": {"hflip": 0.5}, "balance": False, "mix": False,
     "tta": "none", "teacher": None, "skeleton": 0.0,
 }  # fmt: skip
+# train.self_training.mix's named modes, beside false and true (= labelled): ClassMix from the update's labelled scans,
+# or from each unlabelled scan's own confident pixels, mirrored
+MIX_MODES = ("labelled", "mirror")
 
 
 def self_training_spec(value: Any, path: str) -> None:
     """null, or a mapping of SELF_TRAINING's keys (each optional): weight > 0, confidence in [0, 1) (or a list of
     them, one a class), start_epoch >= 1, augment a recipe of data.augment's keys without ``scale`` (a student's
-    view keeps the teacher's size), balance and mix true or false, tta "none" or "flip" (the teacher's views, as
-    predict.py's --tta), teacher null (the EMA of the weights) or a checkpoint's path (a fixed teacher: an earlier
-    run's model), skeleton >= 0 (the skeleton recall loss's weight on the pseudo-labels; 0: off)."""
+    view keeps the teacher's size), balance true or false, mix true, false or one of MIX_MODES, tta "none" or "flip"
+    (the teacher's views, as predict.py's --tta), teacher null (the EMA of the weights) or a checkpoint's path (a
+    fixed teacher: an earlier run's model), skeleton >= 0 (the skeleton recall loss's weight on the pseudo-labels;
+    0: off)."""
     if value is None:
         return
     if not isinstance(value, Mapping):
@@ -155,9 +159,20 @@ def self_training_spec(value: Any, path: str) -> None:
             "allowed here (flips, affine, color_jitter and noise are)."
         )
     augment_recipe(recipe, f"{path}.augment")
-    for flag in ("balance", "mix"):
-        if not isinstance(value.get(flag, False), bool):
-            raise ConfigError(f"{path}.{flag}: expected true or false, found {value[flag]!r}.")
+    self_training_choices(value, path)
+
+
+def self_training_choices(value: Mapping, path: str) -> None:
+    """train.self_training's choices among named ways (:func:`self_training_spec`): balance, mix, tta, teacher."""
+    if not isinstance(value.get("balance", False), bool):
+        raise ConfigError(f"{path}.balance: expected true or false, found {value['balance']!r}.")
+    mix = value.get("mix", False)
+    if not (isinstance(mix, bool) or (isinstance(mix, str) and mix in MIX_MODES)):
+        raise ConfigError(
+            f"{path}.mix: expected false, true or labelled (the update's labelled curves pasted into the student's "
+            f"view) or mirror (each unlabelled scan's own confident curves, mirrored, pasted over it), found "
+            f"{value['mix']!r}."
+        )
     if value.get("tta", "none") not in TTA_MODES:
         raise ConfigError(
             f"{path}.tta: expected none (the teacher sees each scan once) or flip (it averages the scan and its "

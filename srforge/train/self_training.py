@@ -18,10 +18,13 @@ gradients are averaged across ranks, takes one batch of this rank's unlabelled s
 3. :meth:`SelfTraining.student_view`: each scan, cut to its true extent, goes through ``augment`` (a data.augment
    recipe without ``scale``) with its pseudo-labels, seeded by the stream's position, so that geometric steps move
    both alike (pixels an affine leaves empty get no label);
-   With ``mix`` (DACS's ClassMix, Tranheden et al., WACV 2021), before the augmentation each unlabelled scan first
-   gets the foreground pixels (every class but 0) of one of the update's labelled scans pasted over it, aligned at
-   the top-left and cut to both extents, labelled with their true classes (:func:`class_mix`): the student keeps
-   seeing curves on the target's paper, labelled truly, where the teacher alone would label mostly background;
+   With ``mix`` true or labelled (DACS's ClassMix, Tranheden et al., WACV 2021), before the augmentation each
+   unlabelled scan first gets the foreground pixels (every class but 0) of one of the update's labelled scans pasted
+   over it, aligned at the top-left and cut to both extents, labelled with their true classes (:func:`class_mix`):
+   the student keeps seeing curves on the target's paper, labelled truly, where the teacher alone would label mostly
+   background.
+   With ``mix: mirror`` each scan instead gets its own confident foreground pixels, mirrored left-right within its
+   extent, pasted over it (:func:`mirror_mix`): curves crossing curves, in the archive's own look;
 4. the student's cross-entropy over the labelled pixels of that view (with ``balance``, each class's mean, averaged
    over the classes present), plus, with ``skeleton``, that weight times the skeleton recall loss on the view's
    pseudo-labels (:meth:`SelfTraining.tubes`, made on the device), all times ``weight``, is added to the gradients.
@@ -177,6 +180,23 @@ def class_mix(
     return image, labels
 
 
+def mirror_mix(
+    image: torch.Tensor, labels: torch.Tensor, sizes: list, ignore_index: int = IGNORE_INDEX
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ClassMix of each unlabelled scan with itself (``mix: mirror``): scan b (``image`` uint8 [B, C, H, W],
+    pseudo-``labels`` int64 [B, H, W], true ``sizes`` [(h, w), ...]) takes the confident foreground pixels (class not
+    0 nor ``ignore_index``) of its own left-right mirror image within its extent, image and class alike, over it.
+    A well log's curves run along the width, so the mirrored ones cross its own in their tracks: crowded curves drawn
+    as the archive draws them, labelled where the teacher was sure. New tensors; padding untouched."""
+    image, labels = image.clone(), labels.clone()
+    for b, (h, w) in enumerate(sizes):
+        source, classes = image[b, :, :h, :w].flip(-1), labels[b, :h, :w].flip(-1)
+        paste = (classes != 0) & (classes != ignore_index)
+        image[b, :, :h, :w] = torch.where(paste, source, image[b, :, :h, :w])
+        labels[b, :h, :w] = torch.where(paste, classes, labels[b, :h, :w])
+    return image, labels
+
+
 class SelfTraining:
     """The unlabelled half of each update (module docstring). ``stream`` gives the batches; ``weight``,
     ``confidence``, ``start_epoch``, ``augment``, ``balance``, ``mix``, ``tta`` and ``skeleton`` are
@@ -193,7 +213,7 @@ class SelfTraining:
         start_epoch: int = 1,
         augment: Mapping | None = None,
         balance: bool = False,
-        mix: bool = False,
+        mix: bool | str = False,
         tta: str = "none",
         ignore_index: int = IGNORE_INDEX,
         seed: int = 0,
@@ -205,7 +225,8 @@ class SelfTraining:
         self.thresholds: torch.Tensor | None = None  # float32 [K] on the device, made at the first update
         self.skeleton = float(skeleton)
         self.tta = tta_mode(tta)  # None or "flip"
-        self.mix, self.labelled = mix, None
+        self.mix = "labelled" if mix is True else mix or None  # train.self_training.mix: None, labelled, mirror
+        self.labelled = None
         self.teacher, self.teacher_file, self.teacher_digest = teacher if teacher is not None else (None,) * 3
         self.teacher_pixels: int | None = None  # the largest unlabelled part tried since one ran out of memory
         self.student_pixels: int | None = None
@@ -236,10 +257,10 @@ class SelfTraining:
         return epoch + 1 >= self.start_epoch
 
     def remember(self, image: torch.Tensor, mask: torch.Tensor, sizes: torch.Tensor, epoch: int) -> None:
-        """With ``mix``, in an epoch that learns from the unlabelled scans: keep the update's latest labelled batch
-        (image [L, C, H, W] and mask [L, H, W] on the device, sizes [L, 2] on the host) for :func:`class_mix`, until
-        the update's unlabelled batch is done; otherwise nothing is kept."""
-        if self.mix and self.active(epoch):
+        """With ``mix`` labelled, in an epoch that learns from the unlabelled scans: keep the update's latest labelled
+        batch (image [L, C, H, W] and mask [L, H, W] on the device, sizes [L, 2] on the host) for :func:`class_mix`,
+        until the update's unlabelled batch is done; otherwise nothing is kept."""
+        if self.mix == "labelled" and self.active(epoch):
             self.labelled = (image, mask, sizes.tolist())
 
     def start_pass(self, device: torch.device) -> None:
@@ -288,6 +309,8 @@ class SelfTraining:
         del guess
         if labelled is not None:
             image, labels = class_mix(image, labels, batch.sizes.tolist(), labelled, self.ignore_index)
+        elif self.mix == "mirror":
+            image, labels = mirror_mix(image, labels, batch.sizes.tolist(), self.ignore_index)
         del labelled
         image, labels = self.student_view(image, labels, batch.sizes.tolist())  # the host's copy: no sync
         tube = self.tubes(labels, sizes) if self.skeleton else None
