@@ -310,8 +310,7 @@ def test_class_mix_pastes_a_labelled_scans_foreground_where_both_scans_extend():
         class_mix(image, labels, [(3, 4), (2, 2)], (source[:, :1], mask, [(2, 3)]), 255)
 
 
-@pytest.mark.parametrize("mix", [True, "labelled"])
-def test_a_run_with_mix_pastes_the_updates_labelled_scans_into_the_students_view(tmp_path, monkeypatch, mix):
+def test_a_run_with_mix_pastes_the_updates_labelled_scans_into_the_students_view(tmp_path, monkeypatch):
     import srforge.train.self_training as self_training
 
     real, seen = self_training.class_mix, []
@@ -324,7 +323,7 @@ def test_a_run_with_mix_pastes_the_updates_labelled_scans_into_the_students_view
 
     monkeypatch.setattr(self_training, "class_mix", spy)
     folder = unlabelled_folder(tmp_path / "scans")
-    train(self_training_config(tmp_path / "run", folder, self_training={"mix": mix, "start_epoch": 3}))
+    train(self_training_config(tmp_path / "run", folder, self_training={"mix": True, "start_epoch": 3}))
     assert sorted(labelled for _, labelled, _ in seen) == [2, 3, 3]  # epoch 3's updates: 8 scans in batches of 3
 
 
@@ -345,6 +344,17 @@ def test_mirror_mix_pastes_each_scans_own_confident_foreground_mirrored_within_i
     expected_image[1, 0, 0, 1], expected[1, 0, 1] = 90, 1
     assert torch.equal(mixed, expected_image) and torch.equal(mixed_labels, expected)
     assert torch.equal(image, given[0]) and torch.equal(labels, given[1])  # the inputs are not changed
+
+
+@pytest.mark.parametrize("mix, kept", [(True, True), ("labelled", True), ("mirror", False), (False, False)])
+def test_only_labelled_mix_keeps_the_updates_labelled_batch(mix, kept):
+    """mix true is spelt labelled too; the mirror, like no mix, keeps no labelled batch (from start_epoch on)."""
+    spy = SelfTraining(None, mix=mix, start_epoch=2)
+    batch = (torch.zeros(1, 1, 2, 2, dtype=torch.uint8), torch.zeros(1, 2, 2, dtype=torch.long), torch.tensor([[2, 2]]))
+    spy.remember(*batch, epoch=0)  # epoch 1, before start_epoch: nothing kept whatever the mix
+    assert spy.labelled is None
+    spy.remember(*batch, epoch=1)
+    assert (spy.labelled is not None) is kept
 
 
 @pytest.mark.parametrize("mix", [1, 0, "Mirror"])
