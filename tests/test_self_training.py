@@ -349,12 +349,12 @@ def test_mirror_mix_pastes_each_scans_own_confident_foreground_mirrored_within_i
 @pytest.mark.parametrize("mix, kept", [(True, True), ("labelled", True), ("mirror", False), (False, False)])
 def test_only_labelled_mix_keeps_the_updates_labelled_batch(mix, kept):
     """mix true is spelt labelled too; the mirror, like no mix, keeps no labelled batch (from start_epoch on)."""
-    spy = SelfTraining(None, mix=mix, start_epoch=2)
+    unlabelled = SelfTraining(None, mix=mix, start_epoch=2)
     batch = (torch.zeros(1, 1, 2, 2, dtype=torch.uint8), torch.zeros(1, 2, 2, dtype=torch.long), torch.tensor([[2, 2]]))
-    spy.remember(*batch, epoch=0)  # epoch 1, before start_epoch: nothing kept whatever the mix
-    assert spy.labelled is None
-    spy.remember(*batch, epoch=1)
-    assert (spy.labelled is not None) is kept
+    unlabelled.remember(*batch, epoch=0)  # epoch 1, before start_epoch: nothing kept whatever the mix
+    assert unlabelled.labelled is None
+    unlabelled.remember(*batch, epoch=1)
+    assert (unlabelled.labelled is not None) is kept
 
 
 @pytest.mark.parametrize("mix", [1, 0, "Mirror"])
