@@ -228,6 +228,12 @@ def student_changes(epochs: int) -> list[tuple[str, str, tuple[str, ...]]]:
               for k, times in ((3, "three times"), (4, "four times"))]]  # fmt: skip
 
 
+def holds(name: str, part: str) -> bool:
+    """Whether ``name`` holds ``part``, in any case; in ``part`` ``*`` stands for any run of characters, so that two
+    parts of a long name can pick it out, and ``?`` for any one."""
+    return fnmatchcase(name.lower(), f"*{part.lower()}*")
+
+
 def selected(every: list[dict], patterns: list[str] | None) -> list[dict]:
     """The variants ``--variants`` names: those whose name holds one of ``patterns`` (any case; in it ``*`` stands
     for any run of characters, so that two parts of a name can pick it out, and ``?`` for any one), or is one written
@@ -236,8 +242,8 @@ def selected(every: list[dict], patterns: list[str] | None) -> list[dict]:
     if not patterns:
         return list(every)
     exact = {p[1:].lower() for p in patterns if p.startswith("=")}
-    parts = [f"*{p.lower()}*" for p in patterns if not p.startswith("=")]
-    return [v for v in every if v["name"].lower() in exact or any(fnmatchcase(v["name"].lower(), w) for w in parts)]
+    parts = [p for p in patterns if not p.startswith("=")]
+    return [v for v in every if v["name"].lower() in exact or any(holds(v["name"], p) for p in parts)]
 
 
 def render_unlabelled(splits: dict[str, Path], target: Path, setting: Setting) -> list[Path]:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 import numpy as np
@@ -119,10 +118,9 @@ def false_marks(predictor: Predictor, folder: Path, well, seed: int, scale: floa
 
 
 def runs_and_sets(work: Path, names: list[str]) -> tuple[list[Path], Path]:
-    """(the run folders whose name holds one of ``names``, any case, the renderer's dev and test sets); in a name
-    ``*`` stands for any run of characters, so that two parts of a long name can pick it out, and ``?`` for any one."""
-    wanted = [f"*{name.lower()}*" for name in names]
-    runs = sorted(run for run in (work / "runs").iterdir() if any(fnmatchcase(run.name.lower(), w) for w in wanted))
+    """(the run folders whose name holds one of ``names`` as bench_transfer.holds reads them: any case, ``*`` and
+    ``?`` wildcards; the renderer's dev and test sets)."""
+    runs = sorted(run for run in (work / "runs").iterdir() if any(bench_transfer.holds(run.name, n) for n in names))
     sets = next(work.glob("sets_*"), None)
     if not runs or sets is None:
         raise SystemExit(f"{work}: no run named like {names} and the renderer's sets; run bench_transfer.py first")

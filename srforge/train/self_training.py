@@ -173,11 +173,20 @@ def class_mix(
     for b, (h, w) in enumerate(sizes):
         j = b % source.shape[0]
         hh, ww = min(h, extents[j][0]), min(w, extents[j][1])
-        classes = mask[j, :hh, :ww].long()
-        paste = (classes != 0) & (classes != ignore_index)
-        image[b, :, :hh, :ww] = torch.where(paste, source[j, :, :hh, :ww].to(image.dtype), image[b, :, :hh, :ww])
-        labels[b, :hh, :ww] = torch.where(paste, classes, labels[b, :hh, :ww])
+        paste_foreground(image, labels, b, source[j, :, :hh, :ww], mask[j, :hh, :ww].long(), ignore_index)
     return image, labels
+
+
+def paste_foreground(
+    image: torch.Tensor, labels: torch.Tensor, b: int, source: torch.Tensor, classes: torch.Tensor, ignore_index: int
+) -> None:
+    """In place: scan b of ``image`` [B, C, H, W] and ``labels`` [B, H, W] takes, from its top-left corner over
+    ``classes``' extent [h, w], the pixels of ``source`` [C, h, w] and their ``classes`` wherever the class is
+    foreground (not 0 nor ``ignore_index``): ClassMix's paste, whatever the source."""
+    h, w = classes.shape
+    paste = (classes != 0) & (classes != ignore_index)
+    image[b, :, :h, :w] = torch.where(paste, source.to(image.dtype), image[b, :, :h, :w])
+    labels[b, :h, :w] = torch.where(paste, classes, labels[b, :h, :w])
 
 
 def mirror_mix(
@@ -189,11 +198,8 @@ def mirror_mix(
     A well log's curves run along the width, so the mirrored ones cross its own in their tracks: crowded curves drawn
     as the archive draws them, labelled where the teacher was sure. New tensors; padding untouched."""
     image, labels = image.clone(), labels.clone()
-    for b, (h, w) in enumerate(sizes):
-        source, classes = image[b, :, :h, :w].flip(-1), labels[b, :h, :w].flip(-1)
-        paste = (classes != 0) & (classes != ignore_index)
-        image[b, :, :h, :w] = torch.where(paste, source, image[b, :, :h, :w])
-        labels[b, :h, :w] = torch.where(paste, classes, labels[b, :h, :w])
+    for b, (h, w) in enumerate(sizes):  # flip copies: the paste never reads what it has written
+        paste_foreground(image, labels, b, image[b, :, :h, :w].flip(-1), labels[b, :h, :w].flip(-1), ignore_index)
     return image, labels
 
 
