@@ -356,7 +356,7 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
             later_round(f"second round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
                         f"pseudo-labels and {student} ({where})",
                         unlabelled[kind], first, extra=overrides, skeleton=SKELETON_WEIGHT)  # fmt: skip
-            if student == "a student trained twice as long":
+            if overrides == (f"train.epochs={2 * epochs}",):  # the third round's teacher: twice the epochs alone
                 longer_second = rows[-1]["name"]
         # students trained longer than 24 epochs level off where the renderer's own model goes on learning: whether a
         # better teacher lifts them, a third round taught by the 24-epoch student, its student trained as long

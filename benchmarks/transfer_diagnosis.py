@@ -21,7 +21,9 @@ a few t, and at 0.5 with the connected curve pieces under N px removed, for a fe
 thresholds, the share of the true curve pixels whose p(curve) reaches it, and how many pixels more than 2 px from
 every curve pixel in either axis (as ``--false-marks`` counts) do: the false curve a student would learn at that
 confidence; and the share of the curve pixels whose p(paper) reaches it (the paper a student would learn where a
-curve is) beside the share of those far pixels that do. With ``--ensemble RUN ...`` it scores the runs alone and
+curve is) beside the share of those far pixels that do. With ``--paper-ink RUN ...`` it says how dark the pixels
+are that such a teacher is sure are paper (srforge.models.ink's ink value, 1 on the scan's paper): the curve pixels it
+would teach as paper, and the pixels far from a curve. With ``--ensemble RUN ...`` it scores the runs alone and
 as one model, the mean of their p(curve): how far what the runs share is from what each alone gets. With ``--misses
 A B`` it says which same-well curve pixels the runs named like A (as one) and those named like B miss, and what is
 around them.
@@ -30,6 +32,7 @@ around them.
     python benchmarks/transfer_diagnosis.py --false-marks "plain_self-training_and_skeleton_loss_other" "_ink_seed"
     python benchmarks/transfer_diagnosis.py --calibration "student_trained_twice_as_long_other" "epochs24_seed"
     python benchmarks/transfer_diagnosis.py --teacher "own_curves*with_the_flip_teacher_and_skeleton_loss_other*_u72"
+    python benchmarks/transfer_diagnosis.py --paper-ink "own_curves*with_the_flip_teacher_and_skeleton_loss_other*_u72"
     python benchmarks/transfer_diagnosis.py --ensemble "renderer_ddb3cbe75c_seed"
     python benchmarks/transfer_diagnosis.py --misses "own_curves*confidence_of_0.95_other" "renderer_ddb3cbe75c_seed"
 """
@@ -51,6 +54,7 @@ import bench_transfer  # noqa: E402
 import log_plotter  # noqa: E402
 
 from srforge.evaluate.metrics import batch_counts, per_class  # noqa: E402
+from srforge.models.ink import ink_image  # noqa: E402
 from srforge.predict import Predictor  # noqa: E402
 
 GENERATOR = "srforge_generator_own_curves_randomisation_on_seed{seed}_"
@@ -58,6 +62,7 @@ THRESHOLDS = (0.5, 0.4, 0.3, 0.2)
 CALIBRATION = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99)  # p(curve) a pixel needs to be curve
 PIECES = (4, 8, 16)  # px: connected curve pieces smaller than this are removed
 CONFIDENCES = (0.5, 0.9, 0.95, 0.97, 0.99)
+INK_VALUES = (0.5, 0.7, 0.8, 0.9, 0.95)
 
 
 def vertical_runs(mask: np.ndarray) -> np.ndarray:
@@ -191,6 +196,35 @@ def print_teacher(work: Path, names: list[str]) -> None:
             print(f"  {run.name}, {name}:\n    curve {found}\n    paper {paper}")
 
 
+def paper_inks(curve: np.ndarray, truth: np.ndarray, ink: np.ndarray, sure: float = 0.9) -> tuple:
+    """(the ink values of the true curve pixels, those of the pixels more than 2 px from every curve pixel in either
+    axis) among the pixels whose p(paper) = 1 - ``curve`` is at least ``sure``; each argument [H, W]."""
+    paper = curve <= 1 - sure
+    far = ~ndimage.binary_dilation(truth, np.ones((5, 5), bool))
+    return ink[paper & truth], ink[paper & far]
+
+
+def print_paper_ink(work: Path, names: list[str]) -> None:
+    """--paper-ink: each run whose folder name holds one of ``names``, as a flip teacher: of the pixels it is at least
+    0.9 sure are paper, the true curve pixels and those more than 2 px from a curve, by their ink value
+    (srforge.models.ink: the darkest channel against the scan's paper, 1 on paper), on every renderer set."""
+    runs, sets = runs_and_sets(work, names)
+    print("the flip teacher's paper at p(paper) >= 0.9: the share of the curve pixels it holds, and the share of those")
+    print("and of its pixels > 2 px from a curve whose ink value is under v (1: the scan's paper):")
+    for run in runs:
+        predictor = Predictor.from_checkpoint(run / "best.pt", device="cpu", tta="flip")
+        for name in bench_transfer.SET_SEEDS:
+            on, off, curves = [], [], 0
+            for image, mask_path in pairs(sets / name, limit=1000):
+                truth, scan = np.asarray(Image.open(mask_path)) > 0, read(image)
+                ink = ink_image(torch.from_numpy(scan.copy()).permute(2, 0, 1)[None])[0, 0].numpy()
+                found = paper_inks(probabilities(predictor, scan), truth, ink)
+                on, off, curves = on + [found[0]], off + [found[1]], curves + int(truth.sum())
+            on, off = np.concatenate(on), np.concatenate(off)
+            split = "; ".join(f"v {v}: {(on < v).mean():.3f} / {(off < v).mean():.4f}" for v in INK_VALUES)
+            print(f"  {run.name}, {name}: {on.size / curves:.3f} of the curve pixels; {split}")
+
+
 def print_ensemble(work: Path, names: list[str]) -> None:
     """--ensemble: the runs whose folder name holds one of ``names``, each alone and as one model (the mean of their
     p(curve)), on every renderer set."""
@@ -262,11 +296,13 @@ def main() -> None:
     parser.add_argument("--false-marks", nargs="+", metavar="RUN", help="where these runs' false marks lie")
     parser.add_argument("--calibration", nargs="+", metavar="RUN", help="these runs at other thresholds")
     parser.add_argument("--teacher", nargs="+", metavar="RUN", help="these runs' confident pixels, as flip teachers")
+    parser.add_argument("--paper-ink", nargs="+", metavar="RUN", help="these runs' confident paper, by ink value")
     parser.add_argument("--ensemble", nargs="+", metavar="RUN", help="these runs alone and as one (mean p(curve))")
     parser.add_argument("--misses", nargs=2, metavar=("A", "B"), help="the curve pixels runs A and runs B miss")
     args = parser.parse_args()
     for option, report in ((args.false_marks, print_false_marks), (args.calibration, print_calibration),
-                           (args.teacher, print_teacher), (args.ensemble, print_ensemble),
+                           (args.teacher, print_teacher), (args.paper_ink, print_paper_ink),
+                           (args.ensemble, print_ensemble),
                            (args.misses, print_misses)):  # fmt: skip
         if option:
             return report(args.work, option)

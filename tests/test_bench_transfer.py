@@ -95,6 +95,35 @@ def test_the_diagnosis_removes_small_pieces_and_scores_as_the_evaluator():
     assert transfer_diagnosis.without_pieces(marks, 8).sum() == 0
 
 
+def test_the_diagnosis_splits_the_teachers_paper_by_ink():
+    """A 5 x 7 scan, a true curve along row 0: the teacher is sure of paper (p(curve) 0.05) everywhere but (0, 0).
+    The curve pixels it calls paper are (0, 1)-(0, 6); the far pixels (more than 2 px from every curve pixel in
+    either axis) are rows 3-4. Each pixel's ink value is its column / 10 plus its row."""
+    pytest.importorskip("scipy", reason="the bench extra (scipy): the diagnosis dilates the curves")
+    import transfer_diagnosis
+
+    truth = np.zeros((5, 7), bool)
+    truth[0] = True
+    curve = np.full((5, 7), 0.05)
+    curve[0, 0] = 0.95
+    ink = np.arange(7)[None, :] / 10 + np.arange(5)[:, None]
+    on, off = transfer_diagnosis.paper_inks(curve, truth, ink)
+    assert on.tolist() == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    assert sorted(off.tolist()) == sorted((ink[3:].ravel()).tolist())
+    curve[4, 6] = 0.2  # p(paper) 0.8: not sure enough
+    assert 4.6 not in transfer_diagnosis.paper_inks(curve, truth, ink)[1].tolist()
+
+
+def test_the_third_round_is_taught_by_the_student_trained_twice_as_long():
+    named = {v["name"]: v for v in _variants()}
+    thirds = [v for v in named.values() if "third round" in v["name"] and "students trained twice as long" in v["name"]]
+    assert thirds
+    for third in thirds:
+        teacher = named[third["teacher"]]
+        assert teacher["name"].endswith(f"and a student trained twice as long ({third['name'].rsplit('(', 1)[1]}")
+        assert "train.epochs=24" in teacher["overrides"] and "second round" in teacher["name"]
+
+
 def test_the_diagnosis_picks_runs_by_parts_of_their_name(tmp_path):
     pytest.importorskip("scipy", reason="the bench extra (scipy): the diagnosis labels pieces")
     import transfer_diagnosis
