@@ -65,23 +65,31 @@ def _config_file(folder: Path, run_dir: Path, root: Path, model: dict) -> Path:
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def runs(request, tmp_path_factory):
-    """(name, folder): a run of 2 epochs straight, and one stopped after 1 epoch and resumed from its folder."""
+    """(name, folder): a run of 2 epochs straight (folder/straight) on 6 scans (folder/data)."""
     name = request.param
     if name.startswith("smp") and not HAS_SMP:
         pytest.skip('needs pip install -e ".[smp]"')
-    model = MODELS[name][0]
     tmp = tmp_path_factory.mktemp(name)
     root = scan_folder(tmp / "data", n=6)
-    assert main_train(["--config", str(_config_file(tmp / "cfg_a", tmp / "straight", root, model))]) == 0
-    stopped = _config_file(tmp / "cfg_b", tmp / "stopped", root, model)
+    assert main_train(["--config", str(_config_file(tmp / "cfg_a", tmp / "straight", root, MODELS[name][0]))]) == 0
+    return name, tmp
+
+
+@pytest.fixture(scope="module")
+def resumed(runs):
+    """``runs``, and beside its straight run one of the same config stopped after 1 epoch and resumed from its
+    folder (folder/stopped): a fixture of its own, so that the fast loop, which leaves out the resume test, does not
+    pay for it."""
+    name, tmp = runs
+    stopped = _config_file(tmp / "cfg_b", tmp / "stopped", tmp / "data", MODELS[name][0])
     assert main_train(["--config", str(stopped), "train.stop_after=1"]) == 0
     assert main_train(["--resume", str(tmp / "stopped"), "train.stop_after=null"]) == 0
     return name, tmp
 
 
 @pytest.mark.slow
-def test_an_adapter_trains_from_yaml_and_resumes_to_the_same_bits(runs):
-    name, tmp = runs
+def test_an_adapter_trains_from_yaml_and_resumes_to_the_same_bits(resumed):
+    name, tmp = resumed
     a, b = load_checkpoint(tmp / "straight" / "last.pt"), load_checkpoint(tmp / "stopped" / "last.pt")
     assert a["model_class"] == MODELS[name][0]["class"] and a["model_norm"] == MODELS[name][0]["norm"]
     assert a["size_divisor"] == MODELS[name][1] and a["epoch"] == b["epoch"] == 2 and a["step"] == b["step"]

@@ -80,6 +80,7 @@ def test_quick_mode_trains_and_scores_every_recipe(tmp_path):
         assert _consistent(row["fg_iou"], row["thirds"]), row
 
 
+@pytest.mark.slow
 def test_the_benchmarks_own_arithmetic_holds_on_hand_computed_cases():
     """Recipes at equal real pixels, and the Score: 4/5 foreground IoU, class IoUs 1/3 and 2/3, thirds 2/3, NaN, 1."""
     script = [sys.executable, str(ROOT / "benchmarks" / "bench_quality.py"), "--self-test"]

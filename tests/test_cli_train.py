@@ -63,6 +63,7 @@ def _config_file(tmp_path: Path, **sections) -> Path:
 
 
 # -- the script -----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_train_script_end_to_end(tmp_path):
     done = subprocess.run(
         [*TRAIN, "--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path)],

@@ -123,6 +123,7 @@ def test_the_documented_snippet_predicts_a_scan_with_onnxruntime_alone(exported,
     assert clear.mean() > 0.9 and np.array_equal(mask[clear], want.argmax(0).numpy()[clear])
 
 
+@pytest.mark.slow
 def test_a_plain_model_exports_without_the_sizes_input(tmp_path):
     for name in ("onnx", "onnxscript", "onnxruntime"):
         pytest.importorskip(name, reason=SKIP)

@@ -229,6 +229,7 @@ def test_bad_input_is_reported_per_scan_and_nothing_escapes(tmp_path, ckpt, kind
     assert "5 ok, 0 skipped, 3 failed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_folder_with_a_symlink_runs_as_a_subprocess(tmp_path, ckpt):
     (tmp_path / "secret.png").write_bytes(_png(strip(0)))
     folder = write_folder(tmp_path / "in", scans(2))

@@ -1,9 +1,9 @@
 """Randomised scans: every property varies, each scan reproducible from (seed, i) alone, the mask exact under
-every randomisation (the curve layer's coverage, moved only by the skew), the folder's settings, the time."""
+every randomisation (the curve layer's coverage, moved only by the skew), the folder's settings. The generator's
+speed is benchmarks/bench_synthetic.py's to measure, not a test's."""
 
 import dataclasses
 import json
-import time
 
 import numpy as np
 import pytest
@@ -158,12 +158,3 @@ def test_growing_n_keeps_the_scans_there(tmp_path):
     kept = (root / "images" / "scan_00001.png").stat().st_mtime_ns
     prepare_synthetic_data(resolve({}, base + ["data.synthetic.n=4"]).data.synthetic, Processes())
     assert (root / "images" / "scan_00001.png").stat().st_mtime_ns == kept and len(_bytes(root)) == 8
-
-
-def test_generation_time_has_a_generous_bound(tmp_path, las_file):
-    # benchmarks/bench_synthetic.py measures the goal (1,000 scans at 1/8 scale in under a minute on 2 cores);
-    # this bound only catches a generator gone many times slower (one process, a shared machine).
-    start = time.perf_counter()
-    make_welllog_scans(tmp_path / "own", 40, scale=EIGHTH, randomise=True, workers=1)
-    make_welllog_scans(tmp_path / "las", 40, scale=EIGHTH, randomise=True, las=las_file, workers=1)
-    assert time.perf_counter() - start < 40  # 80 scans: about 5 s idle
