@@ -63,16 +63,9 @@ def _config_file(tmp_path: Path, **sections) -> Path:
 
 
 # -- the script -----------------------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_train_script_end_to_end(tmp_path):
-    done = subprocess.run(
-        [*TRAIN, "--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+def _quickstart_run_holds(tmp_path: Path, printed: str) -> None:
+    """The README's main job, run with _overrides in ``tmp_path``: scans generated, 4 epochs, loss falling, both
+    checkpoints loadable with the quickstart's model, the best validation IoU said on stdout (``printed``)."""
     run = tmp_path / "run"
     assert (tmp_path / "scans" / "images").is_dir()  # generated when missing
     assert "epochs: 4" in (run / "config.yaml").read_text()
@@ -85,7 +78,26 @@ def test_train_script_end_to_end(tmp_path):
         model = model_from_checkpoint(ckpt)
         assert model.size_divisor == 8 and ckpt["class_names"] == ["background", "curve"]
         assert ckpt["config"]["train"]["epochs"] == 4
-    assert "best validation mean IoU" in done.stdout
+    assert "best validation mean IoU" in printed
+
+
+def test_the_quickstart_trains_through_the_command_in_process(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main_train(["--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path)]) == 0
+    _quickstart_run_holds(tmp_path, capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_train_script_end_to_end(tmp_path):
+    done = subprocess.run(
+        [*TRAIN, "--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    _quickstart_run_holds(tmp_path, done.stdout)
 
 
 @pytest.mark.slow
