@@ -197,8 +197,11 @@ def randomise_key(keys: dict[str, tuple]) -> str | None:
 
 # Self-training (train.self_training) of the best generator variant: the EMA teacher from the first third of the
 # epochs on, its confident pixels under photometric augmentation and flips (the scans' geometry otherwise kept).
-SELF_TRAINING = {"weight": 1.0, "confidence": 0.9,
-                 "augment": {"hflip": 0.5, "color_jitter": {"brightness": 0.3, "contrast": 0.3}, "noise": 0.03}}
+SELF_TRAINING = {
+    "weight": 1.0,
+    "confidence": 0.9,
+    "augment": {"hflip": 0.5, "color_jitter": {"brightness": 0.3, "contrast": 0.3}, "noise": 0.03},
+}
 EMA = 0.99
 # The recipe's rounds (docs/training.md), by the end of their names: the first, and the second that the README's
 # figure is of

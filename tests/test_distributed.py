@@ -29,7 +29,6 @@ def test_cuda_rank_binds_its_gpu_before_init_and_passes_device_id_and_timeout(mo
     assert started == Processes(3, 4, 1, gpu, owns_group=True)
 
 
-
 def test_cpu_ranks_use_gloo_and_one_process_starts_nothing(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

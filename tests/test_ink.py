@@ -78,8 +78,17 @@ def test_model_args_ink_builds_an_ink_unet_that_its_checkpoint_rebuilds(tmp_path
     cfg = load_config("configs/quickstart.yaml", ["model.args.ink=true", "model.depth=2", "model.base_channels=4"])
     model, kwargs = build_model(cfg.model, torch.device("cpu"), channels_last=False)
     assert model.ink and kwargs["ink"] is True
-    path = save_checkpoint({"model": model.state_dict(), "model_args": kwargs, "size_divisor": model.size_divisor,
-                            "class_names": ["bg", "curve"], "ignore_index": 255, "config": {}}, tmp_path / "ink.pt")
+    path = save_checkpoint(
+        {
+            "model": model.state_dict(),
+            "model_args": kwargs,
+            "size_divisor": model.size_divisor,
+            "class_names": ["bg", "curve"],
+            "ignore_index": 255,
+            "config": {},
+        },
+        tmp_path / "ink.pt",
+    )
     assert model_from_checkpoint(load_checkpoint(path), path).ink
 
 

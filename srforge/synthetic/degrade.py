@@ -56,8 +56,9 @@ def skew(image: np.ndarray, mask: np.ndarray, scanner: Scanner, fill) -> tuple[n
     affine = (a, b, cx - a * cx - b * cy, d, e, cy - d * cx - e * cy)
     rgb = Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
     moved = rgb.transform((w, h), Image.Transform.AFFINE, affine, Image.Resampling.NEAREST, fillcolor=fill)
-    labels = Image.fromarray(mask).transform((w, h), Image.Transform.AFFINE, affine, Image.Resampling.NEAREST,
-                                             fillcolor=0)
+    labels = Image.fromarray(mask).transform(
+        (w, h), Image.Transform.AFFINE, affine, Image.Resampling.NEAREST, fillcolor=0
+    )
     return np.asarray(moved), np.asarray(labels)
 
 

@@ -16,7 +16,7 @@ from srforge.synthetic.style import STYLES, CurveLook, ScanStyle
 
 TRACK_NAMES = ("GR", "SP", "CALI", "ILD", "ILM", "SFL", "RHOB", "NPHI", "DT", "PEF", "LLD", "MSFL", "NEUT", "DRHO")
 HEADER_WORDS = ("COMPANY", "WELL", "FIELD", "COUNTY", "STATE", "RUN", "DATE", "DEPTH", "SCALE", "LOGGED", "BIT",
-                "CASING", "MUD", "RM", "BHT", "FT", "M", "1:200", "1:500", "OHMM", "API", "US/F", "G/CC")
+                "CASING", "MUD", "RM", "BHT", "FT", "M", "1:200", "1:500", "OHMM", "API", "US/F", "G/CC")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -100,8 +100,16 @@ def _names(plotted: list[PlottedCurve], decades: tuple[int, ...], looks) -> dict
     return names
 
 
-def scan_layers(index: int, seed: int = 0, scale: Scale = 1.0, classes: str = "binary", las=None,
-                randomise: bool = False, style: ScanStyle | None = None, keep_layers: bool = True) -> ScanLayers:
+def scan_layers(
+    index: int,
+    seed: int = 0,
+    scale: Scale = 1.0,
+    classes: str = "binary",
+    las=None,
+    randomise: bool = False,
+    style: ScanStyle | None = None,
+    keep_layers: bool = True,
+) -> ScanLayers:
     """Scan ``index`` of set ``seed`` with its layers (:class:`ScanLayers`; ``under`` and ``inked`` None unless
     ``keep_layers``). ``style``: draw with this style instead of the scan's own (a test turns properties off)."""
     if classes not in CLASSES:
@@ -127,8 +135,9 @@ def scan_layers(index: int, seed: int = 0, scale: Scale = 1.0, classes: str = "b
     return ScanLayers(style, under, inked, mask, out, moved)
 
 
-def welllog_scan(index: int, seed: int = 0, scale: Scale = 1.0, classes: str = "binary", las=None,
-                 randomise: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def welllog_scan(
+    index: int, seed: int = 0, scale: Scale = 1.0, classes: str = "binary", las=None, randomise: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """One synthetic scan: image uint8 [H, W, 3] and mask uint8 [H, W] (0 background; 1 curve, or 1-3 by style).
 
     ``scale``: a number, or a range (lo, hi) that scan ``index`` draws its own from (:func:`scan_scale`); at the

@@ -19,7 +19,7 @@ STYLES = ("solid", "dashed", "dotted")  # multiclass mask value = position + 1
 CLASSIC_INKS = ((20, 20, 25), (25, 35, 120), (140, 25, 30), (30, 90, 40))
 # Grid papers of real logs: grey, and the orange, red, green, blue and brown of printed log paper.
 GRID_TINTS = ((0.55, 0.55, 0.55), (0.95, 0.55, 0.25), (0.85, 0.3, 0.3), (0.35, 0.7, 0.4), (0.35, 0.5, 0.85),
-              (0.6, 0.45, 0.3))
+              (0.6, 0.45, 0.3))  # fmt: skip
 LUMINANCE = np.array([0.299, 0.587, 0.114])
 MAX_INK_LUMINANCE = 140  # no curve is inked lighter: the paper is 205-255
 STYLE_STREAM, CURVE_STREAM, SCANNER_STREAM, TEXT_STREAM = 0x57E1E, 0xC0FE, 0x5CA7, 0x7E47
@@ -185,8 +185,14 @@ def _scanner(rng, scale: float, width: int, randomise: bool) -> Scanner:
 def _grid(rng, scale: float, randomise: bool) -> dict:
     if not randomise:
         step = length(rng.uniform(18, 40), scale, minimum=5)
-        return dict(grid_step=step, heavy_every=5, grid_width=1, heavy_width=2 if scale >= 0.5 else 1,
-                    grid_dotted=False, grid_strength=0.6 * min(1.0, 4 * scale))
+        return dict(
+            grid_step=step,
+            heavy_every=5,
+            grid_width=1,
+            heavy_width=2 if scale >= 0.5 else 1,
+            grid_dotted=False,
+            grid_strength=0.6 * min(1.0, 4 * scale),
+        )
     step = length(loguniform(rng, 8, 80), scale, minimum=3)
     return dict(
         grid_step=step,

@@ -106,9 +106,17 @@ def _checked(scale, classes: str, las) -> tuple | None:
     return files
 
 
-def make_welllog_scans(out_dir, n: int, scale: Scale = 1.0, seed: int = 0, classes: str = "binary",
-                       workers: int | None = None, only_missing: bool = False, las=None,
-                       randomise: bool = False) -> list[Path]:
+def make_welllog_scans(
+    out_dir,
+    n: int,
+    scale: Scale = 1.0,
+    seed: int = 0,
+    classes: str = "binary",
+    workers: int | None = None,
+    only_missing: bool = False,
+    las=None,
+    randomise: bool = False,
+) -> list[Path]:
     """Write n scans as out_dir/images/scan_XXXXX.png and out_dir/masks/scan_XXXXX.png; return the image paths.
 
     The folder is what SegmentationFolder(out_dir) reads; mask values follow ``CLASSES[classes]``. ``scale``: a

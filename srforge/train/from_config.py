@@ -351,7 +351,13 @@ def build_loaders(
 
 
 def build_self_training(
-    cfg: Config, data: Data, *, model: torch.nn.Module, facts: dict, processes: Processes, device: torch.device,
+    cfg: Config,
+    data: Data,
+    *,
+    model: torch.nn.Module,
+    facts: dict,
+    processes: Processes,
+    device: torch.device,
     max_pixels: int | None,
 ) -> SelfTraining | None:
     """train.self_training over data.unlabelled's scans (None when off): their stream batched like the labelled
