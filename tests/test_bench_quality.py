@@ -80,6 +80,15 @@ def test_quick_mode_trains_and_scores_every_recipe(tmp_path):
         assert _consistent(row["fg_iou"], row["thirds"]), row
 
 
+def test_the_benchmarks_arithmetic_holds_in_process():
+    """bench_quality.self_test() itself, without the script's process (the slow test below runs --self-test)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_quality
+
+    assert bench_quality.self_test() == []
+
+
 @pytest.mark.slow
 def test_the_benchmarks_own_arithmetic_holds_on_hand_computed_cases():
     """Recipes at equal real pixels, and the Score: 4/5 foreground IoU, class IoUs 1/3 and 2/3, thirds 2/3, NaN, 1."""

@@ -111,7 +111,11 @@ def test_the_diagnosis_splits_the_teachers_paper_by_ink():
     assert on.tolist() == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     assert sorted(off.tolist()) == sorted((ink[3:].ravel()).tolist())
     curve[4, 6] = 0.2  # p(paper) 0.8: not sure enough
-    assert 4.6 not in transfer_diagnosis.paper_inks(curve, truth, ink)[1].tolist()
+    assert sorted(transfer_diagnosis.paper_inks(curve, truth, ink)[1].tolist()) == sorted(ink[3:].ravel().tolist())[:-1]
+    dot = np.zeros((5, 7), bool)  # one curve pixel: "far" is more than 2 px away in either axis, a 5 x 5 square
+    dot[0, 0] = True
+    far = transfer_diagnosis.paper_inks(np.zeros((5, 7)), dot, ink)[1].tolist()
+    assert ink[2, 2] not in far and ink[3, 0] in far and ink[0, 3] in far and len(far) == 35 - 9
 
 
 def test_the_third_round_is_taught_by_the_student_trained_twice_as_long():

@@ -83,7 +83,8 @@ def _quickstart_run_holds(tmp_path: Path, printed: str) -> None:
 
 def test_the_quickstart_trains_through_the_command_in_process(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main_train(["--config", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path)]) == 0
+    quickstart = str(ROOT / "configs" / "quickstart.yaml")
+    assert main_train(["--config", quickstart, *_overrides(tmp_path), "run.device=cpu"]) == 0  # no CUDA in a worker
     _quickstart_run_holds(tmp_path, capsys.readouterr().out)
 
 
