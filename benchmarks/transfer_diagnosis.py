@@ -175,54 +175,67 @@ def print_calibration(work: Path, names: list[str]) -> None:
             print("    " + "; ".join(f"N {n}: {summary(c)}" for n, c in small.items()))
 
 
+def flip_teacher_sets(work: Path, names: list[str]):
+    """Each run whose folder name holds one of ``names`` (the runs found now, so that a wrong name fails first), as
+    a flip teacher, on every renderer set: an iterator of (run folder, set name, its scans), the scans an iterator of
+    (truth bool [H, W], scan uint8 [H, W, 3], the teacher's p(curve) float [H, W]), one scan predicted at a time."""
+    runs, sets = runs_and_sets(work, names)
+
+    def each():
+        for run in runs:
+            predictor = Predictor.from_checkpoint(run / "best.pt", device="cpu", tta="flip")
+            for name in bench_transfer.SET_SEEDS:
+                scans = ((np.asarray(Image.open(m)) > 0, read(i)) for i, m in pairs(sets / name, limit=1000))
+                yield run, name, ((truth, scan, probabilities(predictor, scan)) for truth, scan in scans)
+
+    return each()
+
+
+def far_from(truth: np.ndarray) -> np.ndarray:
+    """bool [H, W]: the pixels more than 2 px from every pixel of ``truth`` [H, W] in either axis (a 5 x 5 square)."""
+    return ~ndimage.binary_dilation(truth, np.ones((5, 5), bool))
+
+
 def print_teacher(work: Path, names: list[str]) -> None:
     """--teacher: each run whose folder name holds one of ``names``, as a flip teacher, on every renderer set."""
-    runs, sets = runs_and_sets(work, names)
+    found_sets = flip_teacher_sets(work, names)
     print("the flip teacher's confident pixels: curve, the share of the curve pixels / pixels > 2 px from a curve at")
     print("p(curve) >= c; paper, the share of the curve pixels / of the pixels > 2 px from a curve at p(paper) >= c:")
-    for run in runs:
-        predictor = Predictor.from_checkpoint(run / "best.pt", device="cpu", tta="flip")
-        for name in bench_transfer.SET_SEEDS:
-            on, off = [], []
-            for image, mask_path in pairs(sets / name, limit=1000):
-                truth = np.asarray(Image.open(mask_path)) > 0
-                curve = probabilities(predictor, read(image))
-                on.append(curve[truth])
-                off.append(curve[~ndimage.binary_dilation(truth, np.ones((5, 5), bool))])
-            on, off = np.concatenate(on), np.concatenate(off)
-            found = "; ".join(f"c {c}: {(on >= c).mean():.3f} / {int((off >= c).sum())}" for c in CONFIDENCES)
-            # two classes: p(paper) = 1 - p(curve)
-            paper = "; ".join(f"c {c}: {(on <= 1 - c).mean():.3f} / {(off <= 1 - c).mean():.4f}" for c in CONFIDENCES)
-            print(f"  {run.name}, {name}:\n    curve {found}\n    paper {paper}")
+    for run, name, scans in found_sets:
+        on, off = [], []
+        for truth, _, curve in scans:
+            on.append(curve[truth])
+            off.append(curve[far_from(truth)])
+        on, off = np.concatenate(on), np.concatenate(off)
+        found = "; ".join(f"c {c}: {(on >= c).mean():.3f} / {int((off >= c).sum())}" for c in CONFIDENCES)
+        # two classes: p(paper) = 1 - p(curve)
+        paper = "; ".join(f"c {c}: {(on <= 1 - c).mean():.3f} / {(off <= 1 - c).mean():.4f}" for c in CONFIDENCES)
+        print(f"  {run.name}, {name}:\n    curve {found}\n    paper {paper}")
 
 
 def paper_inks(curve: np.ndarray, truth: np.ndarray, ink: np.ndarray, sure: float = 0.9) -> tuple:
     """(the ink values of the true curve pixels, those of the pixels more than 2 px from every curve pixel in either
     axis) among the pixels whose p(paper) = 1 - ``curve`` is at least ``sure``; each argument [H, W]."""
     paper = curve <= 1 - sure
-    far = ~ndimage.binary_dilation(truth, np.ones((5, 5), bool))
-    return ink[paper & truth], ink[paper & far]
+    return ink[paper & truth], ink[paper & far_from(truth)]
 
 
 def print_paper_ink(work: Path, names: list[str]) -> None:
     """--paper-ink: each run whose folder name holds one of ``names``, as a flip teacher: of the pixels it is at least
     0.9 sure are paper, the true curve pixels and those more than 2 px from a curve, by their ink value
     (srforge.models.ink: the darkest channel against the scan's paper, 1 on paper), on every renderer set."""
-    runs, sets = runs_and_sets(work, names)
+    found_sets = flip_teacher_sets(work, names)
     print("the flip teacher's paper at p(paper) >= 0.9: the share of the curve pixels it holds, and the share of those")
     print("and of its pixels > 2 px from a curve whose ink value is under v (1: the scan's paper):")
-    for run in runs:
-        predictor = Predictor.from_checkpoint(run / "best.pt", device="cpu", tta="flip")
-        for name in bench_transfer.SET_SEEDS:
-            on, off, curves = [], [], 0
-            for image, mask_path in pairs(sets / name, limit=1000):
-                truth, scan = np.asarray(Image.open(mask_path)) > 0, read(image)
-                ink = ink_image(torch.from_numpy(scan.copy()).permute(2, 0, 1)[None])[0, 0].numpy()
-                found = paper_inks(probabilities(predictor, scan), truth, ink)
-                on, off, curves = on + [found[0]], off + [found[1]], curves + int(truth.sum())
-            on, off = np.concatenate(on), np.concatenate(off)
-            split = "; ".join(f"v {v}: {(on < v).mean():.3f} / {(off < v).mean():.4f}" for v in INK_VALUES)
-            print(f"  {run.name}, {name}: {on.size / curves:.3f} of the curve pixels; {split}")
+    for run, name, scans in found_sets:
+        on, off, curves = [], [], 0
+        for truth, scan, curve in scans:
+            ink = ink_image(torch.from_numpy(scan.copy()).permute(2, 0, 1)[None])[0, 0].numpy()
+            found = paper_inks(curve, truth, ink)
+            on, off, curves = on + [found[0]], off + [found[1]], curves + int(truth.sum())
+        on, off = np.concatenate(on), np.concatenate(off)
+        split = "; ".join(f"v {v}: {(on < v).mean():.3f} / {(off < v).mean():.4f}" for v in INK_VALUES)
+        print(f"  {run.name}, {name}: {on.size / curves:.3f} of the curve pixels; {split}")
 
 
 def print_ensemble(work: Path, names: list[str]) -> None:
