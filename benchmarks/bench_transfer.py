@@ -266,6 +266,7 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
     unlabelled scans (from epoch ``epochs`` // 3 + 1 on), with the thin-structure loss, and with both."""
     rows = []
     spec = {**SELF_TRAINING, "start_epoch": epochs // 3 + 1}
+    twice = (f"train.epochs={2 * epochs}",)  # a student trained twice the run's epochs
 
     def add(name: str, extra: list[str]) -> None:
         rows.append({"name": f"srforge generator, {curves}, randomisation on, {name}", "kind": "srforge",
@@ -359,40 +360,40 @@ def adaptation_variants(base: list[str], unlabelled: dict[str, list[Path]], epoc
             later_round(f"second round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
                         f"pseudo-labels and {student} ({where})",
                         unlabelled[kind], first, extra=overrides, skeleton=SKELETON_WEIGHT)  # fmt: skip
-            if overrides == (f"train.epochs={2 * epochs}",):  # the third round's teacher: twice the epochs alone
+            if overrides == twice:  # the third round's teacher: twice the epochs, nothing else
                 longer_second = rows[-1]["name"]
         # students trained longer than 24 epochs level off where the renderer's own model goes on learning: whether a
         # better teacher lifts them, a third round taught by the 24-epoch student, its student trained as long
         later_round(f"third round at double weight with the flip teacher, skeleton loss, skeleton recall on the "
                     f"pseudo-labels and students trained twice as long ({where})",
-                    unlabelled[kind], longer_second, extra=(f"train.epochs={2 * epochs}",),
+                    unlabelled[kind], longer_second, extra=twice,
                     skeleton=SKELETON_WEIGHT)  # fmt: skip
         # tolerance precision is what the 24-epoch student lacks, and its teacher's false marks fall faster than its
         # curve pixels as the threshold rises: curves learnt only where the teacher is surer, background as before
         for strict in (0.95, 0.97):
             later_round(f"second round as the student trained twice as long, curves at a confidence of {strict} "
                         f"({where})",
-                        unlabelled[kind], first, extra=(f"train.epochs={2 * epochs}",), skeleton=SKELETON_WEIGHT,
+                        unlabelled[kind], first, extra=twice, skeleton=SKELETON_WEIGHT,
                         confidence=[SELF_TRAINING["confidence"], strict])  # fmt: skip
         # over four seeds the recipe lacks tolerance recall, and at 0.9 its teacher calls 8-13% of the true curve
         # pixels paper: paper learnt only where the teacher is surer, curves at 0.95
         for paper in (0.97, 0.99):
             later_round(f"second round as the student trained twice as long, curves at 0.95 and paper at {paper} "
                         f"({where})",
-                        unlabelled[kind], first, extra=(f"train.epochs={2 * epochs}",), skeleton=SKELETON_WEIGHT,
+                        unlabelled[kind], first, extra=twice, skeleton=SKELETON_WEIGHT,
                         confidence=[paper, 0.95])  # fmt: skip
         # the students miss curve pixels where curves crowd, which the teacher calls paper there too: ClassMix
         # pastes the update's labelled curves over the target's own, truly labelled, so that curves beside and across
         # other curves are taught on the target's paper
         later_round(f"second round as the student trained twice as long, curves at 0.95 and ClassMix ({where})",
-                    unlabelled[kind], first, extra=(f"train.epochs={2 * epochs}",), skeleton=SKELETON_WEIGHT,
+                    unlabelled[kind], first, extra=twice, skeleton=SKELETON_WEIGHT,
                     confidence=[SELF_TRAINING["confidence"], 0.95], mix=True)  # fmt: skip
         # the same crowding from the archive itself: each scan's confident curves, mirrored along the depth, pasted
         # over it, in the target's own look; and with stricter curves, fewer of the teacher's false lines doubled
         for strict in (0.95, 0.97, 0.99):
             later_round(f"second round as the student trained twice as long, curves at {strict} and mirror ClassMix "
                         f"({where})",
-                        unlabelled[kind], first, extra=(f"train.epochs={2 * epochs}",), skeleton=SKELETON_WEIGHT,
+                        unlabelled[kind], first, extra=twice, skeleton=SKELETON_WEIGHT,
                         confidence=[SELF_TRAINING["confidence"], strict], mix="mirror")  # fmt: skip
     return rows
 

@@ -231,8 +231,10 @@ def print_paper_ink(work: Path, names: list[str]) -> None:
         on, off, curves = [], [], 0
         for truth, scan, curve in scans:
             ink = ink_image(torch.from_numpy(scan.copy()).permute(2, 0, 1)[None])[0, 0].numpy()
-            found = paper_inks(curve, truth, ink)
-            on, off, curves = on + [found[0]], off + [found[1]], curves + int(truth.sum())
+            curve_inks, far_inks = paper_inks(curve, truth, ink)
+            on.append(curve_inks)
+            off.append(far_inks)
+            curves += int(truth.sum())
         on, off = np.concatenate(on), np.concatenate(off)
         split = "; ".join(f"v {v}: {(on < v).mean():.3f} / {(off < v).mean():.4f}" for v in INK_VALUES)
         print(f"  {run.name}, {name}: {on.size / curves:.3f} of the curve pixels; {split}")
