@@ -357,7 +357,7 @@ def test_only_labelled_mix_keeps_the_updates_labelled_batch(mix, kept):
     assert (unlabelled.labelled is not None) is kept
 
 
-@pytest.mark.parametrize("mix", [1, 0, "Mirror"])
+@pytest.mark.parametrize("mix", [1, 0, "Mirror", ""])
 def test_self_training_refuses_a_mix_it_does_not_know(mix):
     with pytest.raises(ValueError, match="train.self_training.mix: expected false, true, labelled or mirror"):
         SelfTraining(None, mix=mix)

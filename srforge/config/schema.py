@@ -114,6 +114,16 @@ SELF_TRAINING = {
 MIX_MODES = ("labelled", "mirror")
 
 
+def mix_mode(mix: Any) -> str | None:
+    """train.self_training.mix's value as its mode: None (false), "labelled" (true or "labelled") or "mirror"; a
+    ValueError for anything else (1 and 0 too, which Python would read as true and false)."""
+    if isinstance(mix, bool):
+        return "labelled" if mix else None
+    if isinstance(mix, str) and mix in MIX_MODES:
+        return mix
+    raise ValueError(f"train.self_training.mix: expected false, true, labelled or mirror, found {mix!r}.")
+
+
 def self_training_spec(value: Any, path: str) -> None:
     """null, or a mapping of SELF_TRAINING's keys (each optional): weight > 0, confidence in [0, 1) (or a list of
     them, one a class), start_epoch >= 1, augment a recipe of data.augment's keys without ``scale`` (a student's
@@ -166,13 +176,14 @@ def self_training_choices(value: Mapping, path: str) -> None:
     """train.self_training's choices among named ways (:func:`self_training_spec`): balance, mix, tta, teacher."""
     if not isinstance(value.get("balance", False), bool):
         raise ConfigError(f"{path}.balance: expected true or false, found {value['balance']!r}.")
-    mix = value.get("mix", False)
-    if not (isinstance(mix, bool) or (isinstance(mix, str) and mix in MIX_MODES)):
+    try:
+        mix_mode(value.get("mix", False))
+    except ValueError:
         raise ConfigError(
             f"{path}.mix: expected false, true or labelled (the update's labelled curves pasted into the student's "
             f"view) or mirror (each unlabelled scan's own confident curves, mirrored, pasted over it), found "
             f"{value['mix']!r}."
-        )
+        ) from None
     if value.get("tta", "none") not in TTA_MODES:
         raise ConfigError(
             f"{path}.tta: expected none (the teacher sees each scan once) or flip (it averages the scan and its "

@@ -65,7 +65,7 @@ import torch.nn.functional as F
 
 from srforge.config import ConfigError
 from srforge.config.preflight import TEACHER
-from srforge.config.schema import MIX_MODES, SELF_TRAINING
+from srforge.config.schema import SELF_TRAINING, mix_mode
 from srforge.constants import IGNORE_INDEX
 from srforge.data.crop import sample_seed
 from srforge.data.skeleton import skeleton_tube
@@ -231,9 +231,7 @@ class SelfTraining:
         self.thresholds: torch.Tensor | None = None  # float32 [K] on the device, made at the first update
         self.skeleton = float(skeleton)
         self.tta = tta_mode(tta)  # None or "flip"
-        self.mix = "labelled" if mix is True else mix or None  # train.self_training.mix: None, labelled, mirror
-        if not isinstance(mix, (bool, str)) or self.mix not in (None, *MIX_MODES):
-            raise ValueError(f"train.self_training.mix: expected false, true, labelled or mirror, found {mix!r}.")
+        self.mix = mix_mode(mix)  # None, labelled or mirror
         self.labelled = None
         self.teacher, self.teacher_file, self.teacher_digest = teacher if teacher is not None else (None,) * 3
         self.teacher_pixels: int | None = None  # the largest unlabelled part tried since one ran out of memory
