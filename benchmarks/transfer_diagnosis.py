@@ -25,8 +25,8 @@ curve is) beside the share of those far pixels that do. With ``--paper-ink RUN .
 are that such a teacher is sure are paper (srforge.models.ink's ink value, 1 on the scan's paper): the curve pixels it
 would teach as paper, and the pixels far from a curve. With ``--ensemble RUN ...`` it scores the runs alone and
 as one model, the mean of their p(curve): how far what the runs share is from what each alone gets. With ``--misses
-A B`` it says which same-well curve pixels the runs named like A (as one) and those named like B miss, and what is
-around them.
+A B`` it says which same-well curve pixels the runs named like A (as one) and those named like B miss, what is
+around them, and how many lie at a track's edge or on a straight stretch.
 
     python benchmarks/transfer_diagnosis.py [--work benchmarks/results/transfer_work] [--seed 0]
     python benchmarks/transfer_diagnosis.py --false-marks "plain_self-training_and_skeleton_loss_other" "_ink_seed"
@@ -69,6 +69,27 @@ def vertical_runs(mask: np.ndarray) -> np.ndarray:
     """The lengths of the vertical runs of True in bool [H, W]."""
     edges = np.diff(np.pad(mask.astype(np.int8), ((1, 1), (0, 0))), axis=0)
     return np.flatnonzero(edges.T == -1) - np.flatnonzero(edges.T == 1)
+
+
+def horizontal_runs(mask: np.ndarray) -> np.ndarray:
+    """int [H, W]: the length of the run of True along its row through each pixel of bool ``mask`` [H, W], 0 off
+    it."""
+    pieces, _ = ndimage.label(mask, structure=[[0, 0, 0], [1, 1, 1], [0, 0, 0]])
+    lengths = np.bincount(pieces.ravel())
+    lengths[0] = 0
+    return lengths[pieces]
+
+
+def track_edges(plan: dict, shape: tuple[int, int]) -> np.ndarray:
+    """bool ``shape`` [H, W]: the rows within 2 px of a track's top or bottom edge in the renderer's ``plan``
+    (log_plotter.plan_scan), where a trace pegged at the edge lies, on its border line."""
+    edges = np.zeros(shape, bool)
+    for band in plan["bands"]:
+        if band["kind"] == "track":
+            for y in (band["y0"], band["y1"]):
+                row = round(y)
+                edges[max(0, row - 2) : row + 3] = True
+    return edges
 
 
 def read(path: Path) -> np.ndarray:
@@ -259,7 +280,11 @@ def print_ensemble(work: Path, names: list[str]) -> None:
 def print_misses(work: Path, names: list[str]) -> None:
     """--misses A B: the runs whose folder name holds ``A`` as one model (the mean of their p(curve)) against those
     whose name holds ``B``, on the same-well set: the curve pixels each finds (a mark within 2 px in either axis, as
-    --false-marks counts, looser than the evaluator's disc) and misses, and what lies around them (9x9)."""
+    --false-marks counts, looser than the evaluator's disc) and misses, what lies around them (9x9), and where: the
+    share within 2 px of a track's edge (:func:`track_edges`, where pegged traces lie) and, elsewhere, on a straight
+    row of at least 20 curve pixels (a flat stretch of a curve, as a grid line looks)."""
+    splits = bench_transfer.las_splits(work / "las", work)
+    well, seed = log_plotter.read_well(splits["test_same_well"]), bench_transfer.SET_SEEDS["test_same_well"]
     groups = []
     for name in names:
         runs, sets = runs_and_sets(work, [name])
@@ -269,8 +294,11 @@ def print_misses(work: Path, names: list[str]) -> None:
              f"missed by {names[1]} alone": (True, False), "missed by both": (False, False)}  # fmt: skip
     found = {kind: [] for kind in kinds}
     near = np.ones((5, 5), bool)
-    for image, mask_path in pairs(sets / "test_same_well", limit=1000):
+    scale = float(sets.name.rsplit("_s", 1)[1])
+    for i, (image, mask_path) in enumerate(pairs(sets / "test_same_well", limit=1000)):
         truth, scan = np.asarray(Image.open(mask_path)) > 0, read(image)
+        edge = track_edges(log_plotter.plan_scan(well, seed, i, scale), truth.shape)
+        straight = ~edge & (horizontal_runs(truth) >= 20)
         grey = scan[..., :3].astype(float) @ np.array([0.299, 0.587, 0.114])
         hits = [ndimage.binary_dilation(np.mean([probabilities(p, scan) for p in group], axis=0) >= 0.5, near)
                 for group in groups]  # fmt: skip
@@ -279,13 +307,19 @@ def print_misses(work: Path, names: list[str]) -> None:
         ink_around = ndimage.uniform_filter(((grey < 150) & ~ndimage.binary_dilation(truth, near)).astype(float), 9)
         for kind, (a, b) in kinds.items():
             where = truth & (hits[0] == a) & (hits[1] == b)
-            found[kind].append(np.stack([darker[where], curve_around[where], ink_around[where]]))
+            found[kind].append(
+                np.stack([darker[where], curve_around[where], ink_around[where], edge[where], straight[where]])
+            )
     total = sum(np.concatenate(v, axis=1).shape[1] for v in found.values())
     print("same-well curve pixels: share; grey levels darker than their 9x9 median; the 9x9 share of curve pixels and")
-    print("of ink (grey < 150) more than 2 px from a curve (medians, the last a mean):")
+    print("of ink (grey < 150) more than 2 px from a curve (medians, the last a mean); the shares of them within 2 px")
+    print("of a track's edge and, elsewhere, on a straight row of >= 20 curve pixels:")
     for kind, parts in found.items():
-        below, curve, ink = np.concatenate(parts, axis=1)
-        print(f"  {kind}: {below.size / total:.3f}; {np.median(below):.0f}; {np.median(curve):.2f}, {ink.mean():.3f}")
+        below, curve, ink, at_edge, on_row = np.concatenate(parts, axis=1)
+        print(
+            f"  {kind}: {below.size / total:.3f}; {np.median(below):.0f}; {np.median(curve):.2f}, {ink.mean():.3f}; "
+            f"{at_edge.mean():.3f}, {on_row.mean():.3f}"
+        )
 
 
 def print_false_marks(work: Path, names: list[str]) -> None:

@@ -118,6 +118,27 @@ def test_the_diagnosis_splits_the_teachers_paper_by_ink():
     assert ink[2, 2] not in far and ink[3, 0] in far and ink[0, 3] in far and len(far) == 35 - 9
 
 
+def test_the_diagnosis_finds_straight_rows_and_track_edges():
+    """Runs along rows, counted by hand: row 0 holds runs of 3 and 1, row 2 one of 5, and (1, 5), above that run's
+    end, is a run of 1 (rows do not join). Track edges: a track from y 3.4 to 9.6 in a 12-row scan marks rows 1-5
+    and 8-11 (2 px each side of rows 3 and 10, cut at the scan's bottom); a depth band marks nothing."""
+    pytest.importorskip("scipy", reason="the bench extra (scipy): the diagnosis labels runs")
+    import transfer_diagnosis
+
+    mask = np.zeros((4, 6), bool)
+    mask[0, [0, 1, 2, 4]] = True
+    mask[2, 1:6] = True
+    mask[1, 5] = True
+    runs = transfer_diagnosis.horizontal_runs(mask)
+    assert runs[0].tolist() == [3, 3, 3, 0, 1, 0]
+    assert runs[1].tolist() == [0, 0, 0, 0, 0, 1]
+    assert runs[2].tolist() == [0, 5, 5, 5, 5, 5] and not runs[3].any()
+    plan = {"bands": [{"kind": "track", "y0": 3.4, "y1": 9.6}, {"kind": "depth", "y0": 0.0, "y1": 2.0}]}
+    edges = transfer_diagnosis.track_edges(plan, (12, 3))
+    assert edges.all(axis=1).tolist() == edges.any(axis=1).tolist()  # whole rows
+    assert np.flatnonzero(edges[:, 0]).tolist() == [1, 2, 3, 4, 5, 8, 9, 10, 11]
+
+
 def test_the_third_round_is_taught_by_the_student_trained_twice_as_long():
     named = {v["name"]: v for v in _variants()}
     thirds = [v for v in named.values() if "third round" in v["name"] and "students trained twice as long" in v["name"]]

@@ -422,7 +422,9 @@ def test_a_scan_too_large_mid_run_ends_it_naming_the_scan_with_last_pt_written(t
 def test_a_run_that_ran_out_of_memory_resumes_exactly(tmp_path, monkeypatch):
     """Out of memory inside epoch 2 lowers the budget; a Ctrl-C at its fourth update writes last.pt; the resumed
     run cuts epoch 2 as it was cut at its start (not by the lowered budget), splits its batches as the lowered
-    budget says, lowers the sampler's budget from epoch 3 on, and ends with the straight run's bits."""
+    budget says, lowers the sampler's budget from epoch 3 on, and ends with the straight run's bits. The model has
+    dropout, and the failed forward draws its masks before it fails, as a real one can partway: the halves redone
+    after it, and the resumed run's, must still draw alike."""
     from srforge.train.trainer import Trainer
 
     real_forward, real_finish = UNet.forward, Trainer.apply_update
@@ -433,6 +435,7 @@ def test_a_run_that_ran_out_of_memory_resumes_exactly(tmp_path, monkeypatch):
         def forward(self, image, sizes=None):
             if torch.is_grad_enabled() and image.shape[0] > 1 and armed == [1]:
                 armed.append(2)  # once
+                real_forward(self, image, sizes)  # the dropout masks drawn, then the failure
                 raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
             return real_forward(self, image, sizes)
 
@@ -447,6 +450,7 @@ def test_a_run_that_ran_out_of_memory_resumes_exactly(tmp_path, monkeypatch):
         monkeypatch.setattr(Trainer, "apply_update", finish)
         cfg = tiny_config(tmp_path / name, epochs=3)
         cfg["data"]["batch_size"], cfg["data"]["max_pixels"] = None, 3000
+        cfg["model"]["args"] = {"dropout": 0.3}
         try:
             train(cfg)
         finally:
@@ -462,6 +466,7 @@ def test_a_run_that_ran_out_of_memory_resumes_exactly(tmp_path, monkeypatch):
     assert saved["memory"]["step_max_pixels"] < saved["memory"]["sampler_max_pixels"] == 3000
     cfg = tiny_config(tmp_path / "cut", epochs=3)
     cfg["data"]["batch_size"], cfg["data"]["max_pixels"] = None, 3000
+    cfg["model"]["args"] = {"dropout": 0.3}
     train(cfg, resume=tmp_path / "cut")
     a = load_checkpoint(tmp_path / "straight" / "last.pt")
     b = load_checkpoint(tmp_path / "cut" / "last.pt")
