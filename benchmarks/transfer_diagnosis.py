@@ -40,6 +40,7 @@ around them, and how many lie at a track's edge or on a straight stretch.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -81,14 +82,21 @@ def horizontal_runs(mask: np.ndarray) -> np.ndarray:
 
 
 def track_edges(plan: dict, shape: tuple[int, int]) -> np.ndarray:
-    """bool ``shape`` [H, W]: the rows within 2 px of a track's top or bottom edge in the renderer's ``plan``
-    (log_plotter.plan_scan), where a trace pegged at the edge lies, on its border line."""
+    """bool ``shape`` [H, W]: in each column, the rows within 2 px of the row a track's top or bottom edge in the
+    renderer's ``plan`` (log_plotter.plan_scan) crosses, where a trace pegged at the edge runs. The edge at y crosses
+    column x at y' = cy + (x - cx) sin(skew) + (y - cy) cos(skew), the plan's skew being a rotation of the drawing
+    about its centre (cx, cy), and lies in row floor(y'), pixel row r covering y' in [r, r + 1)."""
+    height, width = shape
+    skew = math.radians(plan["style"]["skew"])
+    cx, cy = width / 2, height / 2
+    across = (np.arange(width) + 0.5 - cx) * math.sin(skew)  # [W]
+    rows = np.arange(height)[:, None]  # [H, 1]
     edges = np.zeros(shape, bool)
     for band in plan["bands"]:
         if band["kind"] == "track":
             for y in (band["y0"], band["y1"]):
-                row = round(y)
-                edges[max(0, row - 2) : row + 3] = True
+                row = np.floor(cy + across + (y - cy) * math.cos(skew))  # [W]
+                edges |= np.abs(rows - row[None, :]) <= 2
     return edges
 
 
@@ -295,9 +303,9 @@ def print_misses(work: Path, names: list[str]) -> None:
     found = {kind: [] for kind in kinds}
     near = np.ones((5, 5), bool)
     scale = float(sets.name.rsplit("_s", 1)[1])
-    for i, (image, mask_path) in enumerate(pairs(sets / "test_same_well", limit=1000)):
+    for image, mask_path in pairs(sets / "test_same_well", limit=1000):
         truth, scan = np.asarray(Image.open(mask_path)) > 0, read(image)
-        edge = track_edges(log_plotter.plan_scan(well, seed, i, scale), truth.shape)
+        edge = track_edges(log_plotter.plan_scan(well, seed, int(image.stem), scale), truth.shape)  # 00007.png: 7
         straight = ~edge & (horizontal_runs(truth) >= 20)
         grey = scan[..., :3].astype(float) @ np.array([0.299, 0.587, 0.114])
         hits = [ndimage.binary_dilation(np.mean([probabilities(p, scan) for p in group], axis=0) >= 0.5, near)

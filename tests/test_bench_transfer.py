@@ -2,6 +2,7 @@
 one, and only the runs that read unlabelled scans are told apart by how many the renderer drew a set."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -120,8 +121,11 @@ def test_the_diagnosis_splits_the_teachers_paper_by_ink():
 
 def test_the_diagnosis_finds_straight_rows_and_track_edges():
     """Runs along rows, counted by hand: row 0 holds runs of 3 and 1, row 2 one of 5, and (1, 5), above that run's
-    end, is a run of 1 (rows do not join). Track edges: a track from y 3.4 to 9.6 in a 12-row scan marks rows 1-5
-    and 8-11 (2 px each side of rows 3 and 10, cut at the scan's bottom); a depth band marks nothing."""
+    end, is a run of 1 (rows do not join). Track edges, unskewed in a 12-row scan: a track from y 0.6 to 9.6 lies in
+    rows 0 and 9 (row r covers [r, r + 1)), so rows 0-2 and 7-11 are marked; a depth band marks nothing. Skewed
+    by asin(0.04) in a 12 x 101 scan (centre (50.5, 6)), the edge at y 6.5 crosses column x at 6 + (x + 0.5 - 50.5)
+    * 0.04 + 0.5 * cos: 4.4996 in column 0 (rows 2-6), 6.4996 in column 50 (rows 4-8), 8.4996 in column 100 (rows
+    6-10)."""
     pytest.importorskip("scipy", reason="the bench extra (scipy): the diagnosis labels runs")
     import transfer_diagnosis
 
@@ -133,10 +137,17 @@ def test_the_diagnosis_finds_straight_rows_and_track_edges():
     assert runs[0].tolist() == [3, 3, 3, 0, 1, 0]
     assert runs[1].tolist() == [0, 0, 0, 0, 0, 1]
     assert runs[2].tolist() == [0, 5, 5, 5, 5, 5] and not runs[3].any()
-    plan = {"bands": [{"kind": "track", "y0": 3.4, "y1": 9.6}, {"kind": "depth", "y0": 0.0, "y1": 2.0}]}
+    plan = {
+        "style": {"skew": 0.0},
+        "bands": [{"kind": "track", "y0": 0.6, "y1": 9.6}, {"kind": "depth", "y0": 4.0, "y1": 5.0}],
+    }
     edges = transfer_diagnosis.track_edges(plan, (12, 3))
-    assert edges.all(axis=1).tolist() == edges.any(axis=1).tolist()  # whole rows
-    assert np.flatnonzero(edges[:, 0]).tolist() == [1, 2, 3, 4, 5, 8, 9, 10, 11]
+    assert np.flatnonzero(edges[:, 0]).tolist() == [0, 1, 2, 7, 8, 9, 10, 11]
+    assert (edges == edges[:, :1]).all()  # unskewed: whole rows
+    skewed = {"style": {"skew": math.degrees(math.asin(0.04))}, "bands": [{"kind": "track", "y0": 6.5, "y1": 6.5}]}
+    edges = transfer_diagnosis.track_edges(skewed, (12, 101))
+    for column, rows in ((0, [2, 3, 4, 5, 6]), (50, [4, 5, 6, 7, 8]), (100, [6, 7, 8, 9, 10])):
+        assert np.flatnonzero(edges[:, column]).tolist() == rows
 
 
 def test_the_third_round_is_taught_by_the_student_trained_twice_as_long():

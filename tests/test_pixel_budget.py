@@ -423,8 +423,8 @@ def test_a_run_that_ran_out_of_memory_resumes_exactly(tmp_path, monkeypatch):
     """Out of memory inside epoch 2 lowers the budget; a Ctrl-C at its fourth update writes last.pt; the resumed
     run cuts epoch 2 as it was cut at its start (not by the lowered budget), splits its batches as the lowered
     budget says, lowers the sampler's budget from epoch 3 on, and ends with the straight run's bits. The model has
-    dropout, and the failed forward draws its masks before it fails, as a real one can partway: the halves redone
-    after it, and the resumed run's, must still draw alike."""
+    dropout, and the failed forward draws its masks before it fails, as a real one can partway, in both runs before
+    the cut: the resumed run's split batches draw as the straight run's did after it."""
     from srforge.train.trainer import Trainer
 
     real_forward, real_finish = UNet.forward, Trainer.apply_update
@@ -470,5 +470,5 @@ def test_a_run_that_ran_out_of_memory_resumes_exactly(tmp_path, monkeypatch):
     train(cfg, resume=tmp_path / "cut")
     a = load_checkpoint(tmp_path / "straight" / "last.pt")
     b = load_checkpoint(tmp_path / "cut" / "last.pt")
-    assert a["step"] == b["step"] and a["memory"] == b["memory"]
+    assert a["step"] == b["step"] and a["memory"] == b["memory"] and a["model_args"]["dropout"] == 0.3
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
