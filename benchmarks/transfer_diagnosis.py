@@ -84,8 +84,8 @@ def horizontal_runs(mask: np.ndarray) -> np.ndarray:
 def track_edges(plan: dict, shape: tuple[int, int]) -> np.ndarray:
     """bool ``shape`` [H, W]: in each column, the rows within 2 px of the row a track's top or bottom edge in the
     renderer's ``plan`` (log_plotter.plan_scan) crosses, where a trace pegged at the edge runs. The edge at y crosses
-    column x at y' = cy + (x - cx) sin(skew) + (y - cy) cos(skew), the plan's skew being a rotation of the drawing
-    about its centre (cx, cy), and lies in row floor(y'), pixel row r covering y' in [r, r + 1)."""
+    column x (its centre x + 0.5) at y' = cy + (x + 0.5 - cx) sin(skew) + (y - cy) cos(skew), the plan's skew being a
+    rotation of the drawing about its centre (cx, cy), and lies in row floor(y'), row r covering [r, r + 1)."""
     height, width = shape
     skew = math.radians(plan["style"]["skew"])
     cx, cy = width / 2, height / 2
