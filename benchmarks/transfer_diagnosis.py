@@ -128,19 +128,36 @@ def probabilities(predictor: Predictor, image: np.ndarray) -> np.ndarray:
     return predictor.probabilities([scan])[0][1].float().numpy()
 
 
-def false_marks(predictor: Predictor, folder: Path, well, seed: int, scale: float) -> dict[str, float]:
-    """Tolerance precision of ``predictor`` on the renderer's set ``folder`` (drawn from ``well`` with ``seed`` at
-    ``scale``) and the shares of its false marks (> 2 px from every curve pixel) by where they lie."""
+def scan_plans(work: Path, sets: Path):
+    """plan(set name, scan image path): the renderer's plan (log_plotter.plan_scan) of that scan of the sets
+    ``sets`` in ``work``, its number read from the file's name (00007.png: 7); each set's well read once, when
+    first asked for."""
+    splits = bench_transfer.las_splits(work / "las", work)
+    scale = float(sets.name.rsplit("_s", 1)[1])
+    wells = {}
+
+    def plan(name: str, image: Path) -> dict:
+        if name not in wells:
+            wells[name] = log_plotter.read_well(splits["train" if name == "dev" else name])
+        return log_plotter.plan_scan(wells[name], bench_transfer.SET_SEEDS[name], int(image.stem), scale)
+
+    return plan
+
+
+def false_marks(predictor: Predictor, folder: Path, plan) -> dict[str, float]:
+    """Tolerance precision of ``predictor`` on the renderer's set ``folder`` (each scan's plan from ``plan``(image
+    path), :func:`scan_plans`) and the shares of its false marks (> 2 px from every curve pixel) by where they
+    lie."""
     kinds = ("header panel", "border and grid lines", "3-4 px from a curve", "5-8 px", "further")
     counts, kept = dict.fromkeys(kinds, 0), 0
-    for i, (image, mask_path) in enumerate(pairs(folder, limit=1000)):
+    for image, mask_path in pairs(folder, limit=1000):
         truth = np.asarray(Image.open(mask_path)) > 0
         marks = probabilities(predictor, read(image)) >= 0.5
         near = {r: ndimage.binary_dilation(truth, np.ones((2 * r + 1, 2 * r + 1), bool)) for r in (2, 4, 8)}
         false = marks & ~near[2]
         kept += int((marks & near[2]).sum())
         header = np.zeros_like(false)
-        width = round(log_plotter.plan_scan(well, seed, i, scale)["header"])
+        width = round(plan(image)["header"])
         header[:, : width + 2 if width else 0] = True
         lines = np.broadcast_to((false.mean(1) > 0.3)[:, None], false.shape)
         rest = false & ~header & ~lines
@@ -291,8 +308,6 @@ def print_misses(work: Path, names: list[str]) -> None:
     --false-marks counts, looser than the evaluator's disc) and misses, what lies around them (9x9), and where: the
     share within 2 px of a track's edge (:func:`track_edges`, where pegged traces lie) and, elsewhere, on a straight
     row of at least 20 curve pixels (a flat stretch of a curve, as a grid line looks)."""
-    splits = bench_transfer.las_splits(work / "las", work)
-    well, seed = log_plotter.read_well(splits["test_same_well"]), bench_transfer.SET_SEEDS["test_same_well"]
     groups = []
     for name in names:
         runs, sets = runs_and_sets(work, [name])
@@ -302,10 +317,10 @@ def print_misses(work: Path, names: list[str]) -> None:
              f"missed by {names[1]} alone": (True, False), "missed by both": (False, False)}  # fmt: skip
     found = {kind: [] for kind in kinds}
     near = np.ones((5, 5), bool)
-    scale = float(sets.name.rsplit("_s", 1)[1])
+    plan = scan_plans(work, sets)
     for image, mask_path in pairs(sets / "test_same_well", limit=1000):
         truth, scan = np.asarray(Image.open(mask_path)) > 0, read(image)
-        edge = track_edges(log_plotter.plan_scan(well, seed, int(image.stem), scale), truth.shape)  # 00007.png: 7
+        edge = track_edges(plan("test_same_well", image), truth.shape)
         straight = ~edge & (horizontal_runs(truth) >= 20)
         grey = scan[..., :3].astype(float) @ np.array([0.299, 0.587, 0.114])
         hits = [ndimage.binary_dilation(np.mean([probabilities(p, scan) for p in group], axis=0) >= 0.5, near)
@@ -333,15 +348,12 @@ def print_misses(work: Path, names: list[str]) -> None:
 def print_false_marks(work: Path, names: list[str]) -> None:
     """--false-marks: each run whose folder name holds one of ``names``, on every renderer set."""
     runs, sets = runs_and_sets(work, names)
-    splits = bench_transfer.las_splits(work / "las", work)
-    wells = {name: log_plotter.read_well(splits["train" if name == "dev" else name])
-             for name in bench_transfer.SET_SEEDS}  # fmt: skip
-    scale = float(sets.name.rsplit("_s", 1)[1])
+    plan = scan_plans(work, sets)
     print("tolerance precision, and where the false marks lie (shares of them):")
     for run in runs:
         predictor = Predictor.from_checkpoint(run / "best.pt", device="cpu")
-        for name, seed in bench_transfer.SET_SEEDS.items():
-            found = false_marks(predictor, sets / name, wells[name], seed, scale)
+        for name in bench_transfer.SET_SEEDS:
+            found = false_marks(predictor, sets / name, lambda image, name=name: plan(name, image))
             shares = ", ".join(f"{k} {v:.2f}" for k, v in found.items() if k != "tolerance precision")
             print(f"  {run.name}, {name}: {found['tolerance precision']:.3f}; {shares}")
 
