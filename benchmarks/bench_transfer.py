@@ -11,29 +11,17 @@ is scored by srforge's evaluator (foreground IoU, micro, and its tolerance F1 wi
 - ``test_other_well``: the renderer on Scorpio E1, a well no training set shows;
 - ``srforge held-out``: srforge's generator as the quickstart has it (own curves, defaults), another seed.
 
-The randomised own-curves generator is also trained with what learns from the target scans without their masks
-(issue 37): self-training (``train.self_training``, the EMA teacher's confident pixels) on the renderer's images
-drawn with other seeds over the dev and test sets' depths (never the test scans), and, as the archive case, on the
-dev and test scans' own images; the thin-structure loss (``train.skeleton_weight``); and both, with class-balanced
-self-training and with ClassMix (``mix``: the update's labelled curves pasted into the student's unlabelled view).
-With ``model.args.ink`` (srforge.models.ink: each scan as its darkness against its own paper, in its darkest
-channel) the generator's model is trained alone, with the skeleton loss, with plain and class-balanced
-self-training, with class-balanced self-training and the skeleton loss, and with plain self-training and the
-skeleton loss (at full, half and double weight, with the teacher's confidence at 0.6-0.95, and with the flip
-teacher: ``tta: flip``, the mean of each scan's four mirror images, at self-training weight 1, 2 and 3); the
-double-weight row's model then teaches a second round, and that round's a third (``train.self_training.teacher``:
-each round's best.pt, fixed, teaches a fresh student from epoch 1; choosing a round trains the rounds before it
-first), and the same two rounds with each student also asked to cover the skeleton of its teacher's confident
-curves (``skeleton``: the skeleton recall loss on the pseudo-labels), the second of them also with that term at half
-and double weight, and with the student's views also flipped upside down (``vflip``, more noise for the student, as
-Noisy Student has it), with the pseudo-labels' term alone (the labelled scans' off), and with the student changed
-(dropout 0.1 / 0.5, twice as wide, two, three and four times the run's epochs, twice with dropout 0.1); a third
-round taught by the student trained twice as long, and that student learning curves only at confidence 0.95 or
-0.97 (``confidence`` a class), curves at 0.95 with paper only at 0.97 or 0.99, and curves at 0.95 with ClassMix of
-the labelled curves (``mix: true``) or of each scan's own, mirrored (``mix: mirror``, curves at 0.95, 0.97 and 0.99:
-crowded curves in the student's view); the recipe's two rounds
-(``RECIPE_ROUNDS``) again with the randomised LAS-curves generator; the renderer's own model is trained with the ink
-input too, the fair baseline for those rows, and changed as each student is, its bar.
+Beside those, the variants of issue 37 train the randomised generator with what learns from the target scans
+without their masks: self-training (``train.self_training``, the teacher's confident pixels) on the renderer's
+images drawn with other seeds over the dev and test sets' depths (never the test scans), or, as the archive case,
+on the dev and test scans' own images; the thin-structure loss (``train.skeleton_weight``); the ink input
+(``model.args.ink``: each scan as its darkness against its own paper); and later rounds, each round's best.pt,
+fixed, teaching a fresh student from epoch 1 (``train.self_training.teacher``; choosing a round trains the rounds
+before it first). The recipe's two rounds are ``RECIPE_ROUNDS``. Every other variant changes one setting of a
+round (the unlabelled loss's weight, the teacher's confidence, one threshold a class, its flips, class balance,
+ClassMix, the pseudo-labels' skeleton term, the student's views, dropout, width and epochs, the generator's curves),
+and the renderer's own model is trained with the ink input and with each change made to a student, the bar such a
+student is held to. ``--variants`` picks variants by name; docs/performance.md gives each table's command.
 ``--unlabelled-scans N`` sets how many scans the renderer draws over each dev and test set's depths for
 self-training (default 24; the test scans' own images stay the test sets', ``--test-scans``).
 
