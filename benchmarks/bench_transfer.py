@@ -17,7 +17,7 @@ images drawn with other seeds over the dev and test sets' depths (never the test
 on the dev and test scans' own images; the thin-structure loss (``train.skeleton_weight``); the ink input
 (``model.args.ink``: each scan as its darkness against its own paper); and later rounds, each round's best.pt,
 fixed, teaching a fresh student from epoch 1 (``train.self_training.teacher``; choosing a round trains the rounds
-before it first). The recipe's two rounds are ``RECIPE_ROUNDS``. Every other variant changes one setting of a
+before it first). The recipe's two rounds are ``RECIPE_ROUNDS``. The other variants change a setting or two of a
 round (the unlabelled loss's weight, the teacher's confidence, one threshold a class, its flips, class balance,
 ClassMix, the pseudo-labels' skeleton term, the student's views, dropout, width and epochs, the generator's curves),
 and the renderer's own model is trained with the ink input and with each change made to a student, the bar such a
