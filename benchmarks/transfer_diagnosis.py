@@ -327,7 +327,7 @@ def print_misses(work: Path, names: list[str]) -> None:
                 for group in groups]  # fmt: skip
         darker = ndimage.median_filter(grey, size=9) - grey  # how much darker than its neighbourhood's median
         curve_around = ndimage.uniform_filter(truth.astype(float), size=9)
-        ink_around = ndimage.uniform_filter(((grey < 150) & ~ndimage.binary_dilation(truth, near)).astype(float), 9)
+        ink_around = ndimage.uniform_filter(((grey < 150) & far_from(truth)).astype(float), 9)
         for kind, (a, b) in kinds.items():
             where = truth & (hits[0] == a) & (hits[1] == b)
             found[kind].append(
